@@ -1,0 +1,39 @@
+# Every target installs what it needs into .venv from pyproject.toml's pins.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: install lint test test-slow conformance demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev,demo]"
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(PY) -m ruff check keras_replicator tests benchmarks
+	$(PY) -m ruff format --check keras_replicator tests benchmarks
+
+test: lint
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+conformance: install
+	$(VENV)/bin/keras-replicator test --isolate-stock
+
+demo: install
+	$(VENV)/bin/keras-replicator demo
+
+bench: install
+	$(PY) benchmarks/strategy_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

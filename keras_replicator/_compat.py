@@ -1,0 +1,258 @@
+"""Every touch of TensorFlow / Keras internals, in one place.
+
+Each entry names the upstream issue it works around. `check_upstream()` compares the
+internals we replace or read against the pinned versions, and the test
+`tests/test_compat.py` fails loudly when they change, so a Keras or TensorFlow upgrade
+cannot silently route around our fixes.
+
+The Keras patches are installed once (`install()`, called by every Replicator strategy's
+constructor) and only change behaviour when the model's strategy is a Replicator
+strategy: stock strategies keep stock Keras behaviour, which is what lets the
+conformance suite compare the two side by side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import threading
+
+import tensorflow as tf
+from keras.src.backend.tensorflow import optimizer as _tf_optimizer
+from keras.src.backend.tensorflow import trainer as _tf_trainer
+from keras.src.losses import loss as _loss_module
+
+# Source digests of the Keras internals we replace, for keras==3.15.1. A mismatch means
+# upstream changed code we stand in for: re-read it and update the patch and digest.
+UPSTREAM_DIGESTS = {
+    "TensorFlowTrainer.make_train_function": "a9703da4a49beb28",
+    "TensorFlowTrainer.make_test_function": "ad5e9155b9298ef1",
+    "TensorFlowTrainer.make_predict_function": "a772a2efdd906f9a",
+    "TensorFlowTrainer._maybe_symbolic_build": "92a504f5eba9b29f",
+    "TensorFlowTrainer.train_step": "debf0efab9d5794b",
+    "TensorFlowTrainer.test_step": "a8f04a25512e74e2",
+    "loss.scale_loss_for_distribution": "143cd8a5efb6cb17",
+    "loss.unscale_loss_for_distribution": "3903c7ed7f69c5ac",
+    "TFOptimizer._all_reduce_sum_gradients": "953512efa56c9680",
+}
+
+_install_lock = threading.Lock()
+_installed = False
+_collective_key_bases = itertools.count(start=1)
+_COLLECTIVE_KEY_STRIDE = 100_000
+
+
+def _upstream_objects():
+    trainer = _tf_trainer.TensorFlowTrainer
+    return {
+        "TensorFlowTrainer.make_train_function": _original(trainer.make_train_function),
+        "TensorFlowTrainer.make_test_function": _original(trainer.make_test_function),
+        "TensorFlowTrainer.make_predict_function": _original(
+            trainer.make_predict_function
+        ),
+        "TensorFlowTrainer._maybe_symbolic_build": _original(
+            trainer._maybe_symbolic_build
+        ),
+        "TensorFlowTrainer.train_step": trainer.train_step,
+        "TensorFlowTrainer.test_step": trainer.test_step,
+        "loss.scale_loss_for_distribution": _original(
+            _loss_module.scale_loss_for_distribution
+        ),
+        "loss.unscale_loss_for_distribution": _original(
+            _loss_module.unscale_loss_for_distribution
+        ),
+        "TFOptimizer._all_reduce_sum_gradients": _original(
+            _tf_optimizer.TFOptimizer._all_reduce_sum_gradients
+        ),
+    }
+
+
+def _original(function):
+    return getattr(function, "__kr_original__", function)
+
+
+def _digest(function) -> str:
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+
+
+def check_upstream() -> dict[str, str]:
+    """Returns {name: what changed} for every upstream internal we rely on."""
+    changed = {}
+    for name, function in _upstream_objects().items():
+        found = _digest(function)
+        if UPSTREAM_DIGESTS[name] != found:
+            changed[name] = f"source digest {UPSTREAM_DIGESTS[name]} != {found}"
+    from tensorflow.python.distribute import (
+        collective_all_reduce_strategy,
+        mirrored_strategy,
+    )
+
+    for module in (mirrored_strategy, collective_all_reduce_strategy):
+        if "container_strategy._collective_key_base" not in inspect.getsource(module):
+            changed[module.__name__] = "no longer reads `_collective_key_base`"
+    extended = mirrored_strategy.MirroredExtended
+    if not callable(getattr(extended, "_in_multi_worker_mode", None)):
+        changed["MirroredExtended._in_multi_worker_mode"] = "missing"
+    if "self._loss_tracker" not in inspect.getsource(_tf_trainer.TensorFlowTrainer):
+        changed["TensorFlowTrainer._loss_tracker"] = "no longer used by train_step"
+    return changed
+
+
+def is_replicator(strategy) -> bool:
+    return getattr(strategy, "_kr_is_replicator", False)
+
+
+def _current_strategy_is_replicator() -> bool:
+    return is_replicator(tf.distribute.get_strategy())
+
+
+def next_collective_key_base() -> int:
+    """A process-unique base for a new strategy's collective group/instance keys.
+
+    TF gives every MirroredStrategy the same collective group key (1), so a second
+    strategy over a different device set joins the first one's group and the first
+    all-reduce aborts ("joining a group with size 4, but that group has size 2").
+    `_collective_key_base` is TF's own knob for this (mirrored_strategy.py, "only set
+    this in tests"). Workers build strategies in the same order, so the bases agree
+    across workers.
+    """
+    return next(_collective_key_bases) * _COLLECTIVE_KEY_STRIDE
+
+
+def in_multi_worker_mode(strategy) -> bool:
+    """Whether `strategy` spans several workers (no public API says so)."""
+    return strategy.extended._in_multi_worker_mode()
+
+
+def loss_tracker(model):
+    """The `loss` Mean metric Keras' default `train_step` updates."""
+    return model._loss_tracker
+
+
+def install() -> None:
+    """Routes Keras' TensorFlow trainer to our step builders under our strategies."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        _patch_trainer()
+        _patch_loss_scaling()
+        _patch_gradient_all_reduce()
+        _installed = True
+
+
+def _replace(owner, name, make_replacement):
+    original = getattr(owner, name)
+    replacement = make_replacement(original)
+    replacement.__kr_original__ = original
+    replacement.__name__ = getattr(original, "__name__", name)
+    replacement.__doc__ = getattr(original, "__doc__", None)
+    setattr(owner, name, replacement)
+
+
+def _patch_trainer():
+    # keras-team/keras#20585, tensorflow/tensorflow#72388, keras-team/keras#21172:
+    # the stock step functions break under MultiWorkerMirroredStrategy, with
+    # steps_per_execution > 1 and jit_compile=True under MirroredStrategy, and with
+    # string inputs; see strategies/_keras_steps.py for what replaces them.
+    from keras_replicator.strategies import _keras_steps, _validation
+
+    trainer = _tf_trainer.TensorFlowTrainer
+
+    def make_train(original):
+        def make_train_function(self, force=False):
+            if not is_replicator(self.distribute_strategy):
+                return original(self, force)
+            if self.train_function is None or force:
+                self.train_function = _keras_steps.make_train_function(
+                    self, loss_tracker(self)
+                )
+            return self.train_function
+
+        return make_train_function
+
+    def make_test(original):
+        def make_test_function(self, force=False):
+            if not is_replicator(self.distribute_strategy):
+                return original(self, force)
+            if self.test_function is None or force:
+                self.test_function = _keras_steps.make_test_function(
+                    self, loss_tracker(self)
+                )
+            return self.test_function
+
+        return make_test_function
+
+    def make_predict(original):
+        def make_predict_function(self, force=False):
+            if not is_replicator(self.distribute_strategy):
+                return original(self, force)
+            if self.predict_function is None or force:
+                self.predict_function = _keras_steps.make_predict_function(self)
+            return self.predict_function
+
+        return make_predict_function
+
+    def symbolic_build(original):
+        # The stock version MEAN-reduces a distributed input batch just to read its
+        # shapes, which fails for strings and on MultiWorkerMirroredStrategy
+        # (keras-team/keras#20585, #21172). The first replica's batch has the shapes.
+        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+            strategy = self.distribute_strategy
+            if not is_replicator(strategy):
+                return original(self, iterator=iterator, data_batch=data_batch)
+            _validation.check_model_in_scope(self, strategy)
+            if self._distribute_strategy is None or iterator is None:
+                return original(self, iterator=iterator, data_batch=data_batch)
+            for _, _, it in iterator:
+                batch = next(it)
+                _validation.check_batch_covers_replicas(batch, strategy)
+                data_batch = tf.nest.map_structure(
+                    lambda v: (
+                        strategy.experimental_local_results(v)[0]
+                        if isinstance(v, tf.distribute.DistributedValues)
+                        else v
+                    ),
+                    batch,
+                )
+                break
+            with strategy.scope():
+                self._symbolic_build(data_batch=data_batch)
+
+        return _maybe_symbolic_build
+
+    _replace(trainer, "make_train_function", make_train)
+    _replace(trainer, "make_test_function", make_test)
+    _replace(trainer, "make_predict_function", make_predict)
+    _replace(trainer, "_maybe_symbolic_build", symbolic_build)
+
+
+def _patch_loss_scaling():
+    # Keras divides each replica's mean loss by the replica count and sums gradients,
+    # which weighs an uneven last batch wrongly and logs a custom train_step's
+    # `compute_loss` result divided by the replica count. Under our strategies losses
+    # stay per-replica means and the gradient all-reduce weights replicas by their
+    # sample counts instead (strategies/_sample_count.py).
+    def scale(original):
+        def scale_loss_for_distribution(value):
+            return value if _current_strategy_is_replicator() else original(value)
+
+        return scale_loss_for_distribution
+
+    _replace(_loss_module, "scale_loss_for_distribution", scale)
+    _replace(_loss_module, "unscale_loss_for_distribution", scale)
+
+
+def _patch_gradient_all_reduce():
+    from keras_replicator.strategies import _gradients
+
+    def all_reduce(original):
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            if not _current_strategy_is_replicator():
+                return original(self, grads_and_vars)
+            return _gradients.all_reduce_mean(grads_and_vars)
+
+        return _all_reduce_sum_gradients
+
+    _replace(_tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients", all_reduce)

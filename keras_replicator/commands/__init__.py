@@ -1,0 +1,1 @@
+"""Subcommands of the `keras-replicator` console script, one module each."""

@@ -1,0 +1,15 @@
+"""Replicator strategies: stock tf.distribute strategies made correct for Keras 3."""
+
+from keras_replicator.strategies._devices import split_cpu
+from keras_replicator.strategies.auto import auto
+from keras_replicator.strategies.multi_device import MultiDeviceReplicator
+from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
+from keras_replicator.strategies.tpu import TPUReplicator
+
+__all__ = [
+    "MultiDeviceReplicator",
+    "MultiWorkerReplicator",
+    "TPUReplicator",
+    "auto",
+    "split_cpu",
+]

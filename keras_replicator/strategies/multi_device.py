@@ -1,0 +1,53 @@
+"""`MultiDeviceReplicator`: synchronous replicas on the devices of one machine."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_replicator.strategies import _devices
+from keras_replicator.strategies._replicator import ReplicatorMixin
+
+
+class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
+    """Synchronous data parallelism over the GPUs (or logical CPUs) of one machine.
+
+    A `tf.distribute.MirroredStrategy` whose Keras `fit`, `evaluate` and `predict`
+    give the same numbers as one device at the same global batch: uneven last
+    batches, `steps_per_execution`, `jit_compile`, string inputs and mixed precision
+    included. Gradients are averaged across replicas weighted by each replica's
+    sample count.
+
+    Without GPUs, `num_replicas=N` splits the host CPU into N logical devices, so
+    distributed code can be developed and tested on a laptop.
+
+    Args:
+        devices: Device names, as for `tf.distribute.MirroredStrategy`. Defaults to
+            `None`: every local GPU, else `num_replicas` logical CPU devices.
+        cross_device_ops: A `tf.distribute.CrossDeviceOps`, as for the parent.
+            Defaults to `None` (TensorFlow's choice).
+        num_replicas: Number of replicas when `devices` is not given. Defaults to
+            `None`: all local GPUs, or the current number of logical CPUs.
+
+    Raises:
+        ValueError: If `num_replicas` devices cannot be made or `devices` and
+            `num_replicas` disagree.
+
+    Example:
+    >>> import keras, keras_replicator as kr
+    >>> strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    >>> strategy.num_replicas_in_sync
+    2
+    """
+
+    def __init__(self, devices=None, cross_device_ops=None, *, num_replicas=None):
+        _devices.validate_num_replicas(num_replicas)
+        if devices is None:
+            devices = _devices.local_replica_devices(num_replicas)
+        elif num_replicas is not None and len(devices) != num_replicas:
+            raise ValueError(
+                "`num_replicas` must match the number of `devices` when both are "
+                f"given. Received: num_replicas={num_replicas}, devices={devices}. "
+                "Pass only one of them."
+            )
+        self._kr_prepare()
+        super().__init__(devices=devices, cross_device_ops=cross_device_ops)

@@ -1,0 +1,85 @@
+"""`MultiWorkerReplicator`: synchronous replicas across worker processes or machines."""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from keras_replicator.strategies import _cluster_config
+from keras_replicator.strategies._replicator import ReplicatorMixin
+
+DEFAULT_COLLECTIVE_TIMEOUT = 60.0
+
+
+def _default_timeout() -> float:
+    raw = os.environ.get("KERAS_REPLICATOR_COLLECTIVE_TIMEOUT")
+    if raw is None:
+        return DEFAULT_COLLECTIVE_TIMEOUT
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(
+            "`KERAS_REPLICATOR_COLLECTIVE_TIMEOUT` must be a number of seconds. "
+            f"Received: KERAS_REPLICATOR_COLLECTIVE_TIMEOUT={raw!r}."
+        ) from None
+
+
+class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredStrategy):
+    """Synchronous data parallelism across worker processes (one or more machines).
+
+    A `tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 `fit`,
+    `evaluate` and `predict` work (stock Keras 3 fails on it:
+    keras-team/keras#20585) and give one-device numerics at the same global batch.
+    Every collective has a timeout, so a dead or hung peer becomes an error on the
+    survivors instead of a hang.
+
+    Like its parent it reads the cluster from `TF_CONFIG` (validated first, with
+    errors naming the malformed field) or takes a cluster resolver, e.g.
+    `tf.distribute.cluster_resolver.SlurmClusterResolver()`. Start the workers with
+    `keras-replicator launch -n N -- python train.py`.
+
+    Args:
+        cluster_resolver: A `tf.distribute.cluster_resolver.ClusterResolver`.
+            Defaults to `None`: read `TF_CONFIG`.
+        communication_options: A `tf.distribute.experimental.CommunicationOptions`.
+            Defaults to `None`: TensorFlow's choice of implementation, with
+            `timeout_seconds=collective_timeout`.
+        collective_timeout: Seconds a collective may wait for its peers before it
+            fails. Defaults to `None`: `KERAS_REPLICATOR_COLLECTIVE_TIMEOUT` if set,
+            else 60.
+
+    Example:
+    >>> import keras_replicator as kr
+    >>> strategy = kr.MultiWorkerReplicator()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        cluster_resolver=None,
+        communication_options=None,
+        *,
+        collective_timeout: float | None = None,
+    ):
+        if cluster_resolver is None:
+            _cluster_config.read_tf_config()
+        if collective_timeout is None:
+            collective_timeout = _default_timeout()
+        if not collective_timeout > 0:
+            raise ValueError(
+                "`collective_timeout` must be a positive number of seconds. "
+                f"Received: collective_timeout={collective_timeout!r}."
+            )
+        if communication_options is None:
+            communication_options = tf.distribute.experimental.CommunicationOptions()
+        if communication_options.timeout_seconds is None:
+            communication_options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=communication_options.bytes_per_pack,
+                timeout_seconds=collective_timeout,
+                implementation=communication_options.implementation,
+            )
+        self._kr_prepare()
+        super().__init__(
+            cluster_resolver=cluster_resolver,
+            communication_options=communication_options,
+        )

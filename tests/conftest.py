@@ -1,0 +1,30 @@
+"""Test session setup: 4 logical CPU devices, made before TensorFlow starts.
+
+Every in-process test shares them: strategies with 1, 2 or 4 replicas use the first
+devices. Multi-worker tests start their own worker processes.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if not tf.config.get_logical_device_configuration(cpu):
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 4
+        )
+
+
+@pytest.fixture
+def clean_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    for name in ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE"):
+        monkeypatch.delenv(name, raising=False)

@@ -1,0 +1,45 @@
+"""The conformance suite on our strategies: every check must pass.
+
+Local strategies run in this process (on the session's 4 logical CPUs); the
+multi-worker strategy runs once in 2 real worker processes on 127.0.0.1 and each
+check's row is asserted separately.
+"""
+
+import functools
+
+import pytest
+
+from keras_replicator.testing import CHECK_NAMES, run_conformance
+from keras_replicator.testing._factories import get_factory
+from keras_replicator.testing._worker import run_checks_here
+
+
+@functools.cache
+def _strategy(name):
+    return get_factory(name).build()
+
+
+class _Built:
+    def __init__(self, strategy):
+        self.build = lambda: strategy
+
+
+@pytest.mark.parametrize("check", CHECK_NAMES)
+@pytest.mark.parametrize("factory", ["multi-device-2", "multi-device-4"])
+def test_local_strategy_passes(factory, check):
+    [result] = run_checks_here(_Built(_strategy(factory)), [check])
+    assert result.passed, result.detail
+
+
+@functools.cache
+def _multi_worker_rows():
+    rows = run_conformance(["multi-worker-2"], timeout=900)
+    return {row.check: row for row in rows}
+
+
+@pytest.mark.multi_worker
+@pytest.mark.timeout(960)
+@pytest.mark.parametrize("check", CHECK_NAMES)
+def test_multi_worker_strategy_passes(check):
+    row = _multi_worker_rows()[check]
+    assert row.passed, row.detail
