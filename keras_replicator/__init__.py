@@ -17,7 +17,7 @@ _LAZY = {
     "auto": "keras_replicator.strategies",
     "split_cpu": "keras_replicator.strategies",
 }
-_SUBMODULES = ("callbacks", "launch", "replica", "strategies", "testing")
+_SUBMODULES = ("launch", "strategies", "testing")
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES) + ["__version__"]
 

@@ -110,8 +110,9 @@ def compare_to_one_device(
     errors = {key: max_difference(reference[key], candidate[key]) for key in reference}
     worst = max(errors.values(), default=0.0)
     if not worst <= tolerance:
+        ranked = sorted(errors.items(), key=lambda item: -item[1])
         raise CheckFailure(
             f"differs from one device by {worst:.3g} > {tolerance:g} "
-            f"({', '.join(f'{k}: {v:.2g}' for k, v in errors.items())})"
+            f"({', '.join(f'{k}: {v:.2g}' for k, v in ranked)})"
         )
     return worst, errors

@@ -3,7 +3,9 @@ import json
 import pytest
 
 import keras_replicator as kr
-from keras_replicator.strategies import auto as auto_module
+import importlib
+
+auto_module = importlib.import_module("keras_replicator.strategies._auto")
 
 
 def test_local_devices_when_no_tpu_or_cluster(clean_tf_config, capsys):
