@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install lint test test-slow conformance demo bench clean
+.PHONY: install lint format test test-slow conformance demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,3 +37,7 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+format: install
+	$(PY) -m ruff check --fix keras_replicator tests benchmarks
+	$(PY) -m ruff format keras_replicator tests benchmarks

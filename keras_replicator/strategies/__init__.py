@@ -1,7 +1,7 @@
 """Replicator strategies: stock tf.distribute strategies made correct for Keras 3."""
 
-from keras_replicator.strategies._devices import split_cpu
 from keras_replicator.strategies._auto import auto
+from keras_replicator.strategies._devices import split_cpu
 from keras_replicator.strategies.multi_device import MultiDeviceReplicator
 from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
 from keras_replicator.strategies.tpu import TPUReplicator

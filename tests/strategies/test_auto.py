@@ -1,9 +1,9 @@
+import importlib
 import json
 
 import pytest
 
 import keras_replicator as kr
-import importlib
 
 auto_module = importlib.import_module("keras_replicator.strategies._auto")
 
