@@ -16,8 +16,9 @@ _LAZY = {
     "TPUReplicator": "keras_replicator.strategies",
     "auto": "keras_replicator.strategies",
     "split_cpu": "keras_replicator.strategies",
+    "wrap_optimizer": "keras_replicator.strategies",
 }
-_SUBMODULES = ("launch", "strategies", "testing")
+_SUBMODULES = ("launch", "layers", "replica", "strategies", "testing")
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES) + ["__version__"]
 

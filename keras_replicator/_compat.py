@@ -21,6 +21,7 @@ import threading
 import tensorflow as tf
 from keras.src.backend.tensorflow import optimizer as _tf_optimizer
 from keras.src.backend.tensorflow import trainer as _tf_trainer
+from keras.src.layers.normalization import batch_normalization as _bn_module
 from keras.src.losses import loss as _loss_module
 
 # Source digests of the Keras internals we replace, for keras==3.15.1. A mismatch means
@@ -94,6 +95,9 @@ def check_upstream() -> dict[str, str]:
     extended = mirrored_strategy.MirroredExtended
     if not callable(getattr(extended, "_in_multi_worker_mode", None)):
         changed["MirroredExtended._in_multi_worker_mode"] = "missing"
+    bn_call = inspect.getsource(_bn_module.BatchNormalization.call)
+    if "self._moments(inputs, mask)" not in bn_call:
+        changed["BatchNormalization.call"] = "no longer calls self._moments"
     if "self._loss_tracker" not in inspect.getsource(_tf_trainer.TensorFlowTrainer):
         changed["TensorFlowTrainer._loss_tracker"] = "no longer used by train_step"
     return changed
@@ -128,6 +132,23 @@ def in_multi_worker_mode(strategy) -> bool:
 def loss_tracker(model):
     """The `loss` Mean metric Keras' default `train_step` updates."""
     return model._loss_tracker
+
+
+def register_batch_norm_moments_hook() -> None:
+    """Documents (and checks) that SyncBatchNormalization overrides `_moments`.
+
+    Keras' `BatchNormalization.call` asks `self._moments(inputs, mask)` for the
+    training moments; no public hook exists, and overriding it keeps Keras' moving
+    statistics, masking and mixed-precision handling (keras-team/keras has no
+    grouped synchronisation; the TF-only `synchronized=True` uses all replicas).
+    """
+    source = inspect.getsource(_bn_module.BatchNormalization.call)
+    if "self._moments(inputs, mask)" not in source:
+        raise ImportError(
+            "keras.layers.BatchNormalization.call no longer calls "
+            "`self._moments(inputs, mask)`; update "
+            "keras_replicator/layers/sync_batch_normalization.py."
+        )
 
 
 def install() -> None:

@@ -2,6 +2,7 @@
 
 from keras_replicator.strategies._auto import auto
 from keras_replicator.strategies._devices import split_cpu
+from keras_replicator.strategies._wrap_optimizer import wrap_optimizer
 from keras_replicator.strategies.multi_device import MultiDeviceReplicator
 from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
 from keras_replicator.strategies.tpu import TPUReplicator
@@ -12,4 +13,5 @@ __all__ = [
     "TPUReplicator",
     "auto",
     "split_cpu",
+    "wrap_optimizer",
 ]

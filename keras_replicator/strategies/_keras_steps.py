@@ -14,8 +14,8 @@ leaves stock strategies untouched. What each builder does differently:
 
 * every replica's step runs inside ``counting_samples`` so the gradient all-reduce can
   weight replicas by their sample counts (see ``_sample_count``);
-* ``steps_per_execution`` loops with the next element's optional as a loop variable,
-  so ``strategy.run`` is never inside a ``tf.cond``;
+* ``steps_per_execution`` runs in ``_loop.run_loop``, where ``strategy.run`` is never
+  inside a ``tf.cond``;
 * ``jit_compile`` compiles each replica's forward and backward pass statelessly with
   XLA and keeps the all-reduce and the updates outside the compiled function;
 * per-replica logs are averaged across replicas and, on several workers, across
@@ -30,7 +30,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
-from keras_replicator.strategies import _sample_count
+from keras_replicator.strategies import _loop, _sample_count
 
 
 def make_train_function(model, loss_tracker):
@@ -128,30 +128,8 @@ def _make_loop_function(model, replica_step):
         outputs = strategy.run(replica_step, args=(data,))
         return _mean_over_replicas(strategy, outputs)
 
-    @tf.autograph.experimental.do_not_convert
     def multi_step(iterator):
-        outputs = one_step(iterator.get_next())
-        if steps_per_execution == 1:
-            return outputs
-
-        # The next element travels as a loop variable: the loop condition asks
-        # whether it exists, so `strategy.run` never sits inside a `tf.cond`.
-        def cond(i, outputs, next_element):
-            return tf.logical_and(i < steps_per_execution, next_element.has_value())
-
-        def body(i, outputs, next_element):
-            outputs = one_step(next_element.get_value())
-            next_element = tf.cond(
-                i + 1 < steps_per_execution,
-                iterator.get_next_as_optional,
-                lambda: next_element,
-            )
-            return i + 1, outputs, next_element
-
-        _, outputs, _ = tf.while_loop(
-            cond, body, (tf.constant(1), outputs, iterator.get_next_as_optional())
-        )
-        return outputs
+        return _loop.run_loop(one_step, iterator, steps_per_execution)
 
     if not model.run_eagerly:
         multi_step = tf.function(multi_step, reduce_retracing=True)

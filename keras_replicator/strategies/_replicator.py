@@ -9,6 +9,7 @@ builders ask of a strategy.
 from __future__ import annotations
 
 from keras_replicator import _compat
+from keras_replicator.strategies import _step_api
 
 
 class ReplicatorMixin:
@@ -24,6 +25,50 @@ class ReplicatorMixin:
 
     def _kr_is_multi_worker(self) -> bool:
         return _compat.in_multi_worker_mode(self)
+
+    def distribute_input(self, input_fn):
+        """Distributes `input_fn(input_context)`'s per-replica batches.
+
+        Args:
+            input_fn: Takes a `tf.distribute.InputContext` and returns a
+                `tf.data.Dataset` batched per replica
+                (`input_context.get_per_replica_batch_size(global_batch)`) and
+                sharded by worker (`dataset.shard(input_context.num_input_pipelines,
+                input_context.input_pipeline_id)`, or files shard by worker).
+
+        Returns:
+            A distributed dataset; iterate it, or pass `iter(...)` to `run_steps`.
+        """
+        return _step_api.distribute_input(self, input_fn)
+
+    def run_steps(self, step_fn, inputs, *, num_steps: int = 1, reduce=None):
+        """Runs `step_fn(batch)` on every replica for `num_steps` batches.
+
+        The loop is compiled once per `(step_fn, num_steps, reduce)`. Each replica
+        declares its batch size, so Keras optimizers called in `step_fn` average
+        gradients as one device would at the global batch.
+
+        Args:
+            step_fn: Called once per replica with that replica's batch; may call
+                `keras_replicator.replica` collectives; returns tensors.
+            inputs: An iterator over `distribute_input(...)` (or any distributed
+                dataset iterator).
+            num_steps: Steps to run in one compiled call. Defaults to `1`.
+            reduce: How outputs of the last step come back: `None` (per-replica
+                values), `"mean"`, `"sum"` (over all replicas and workers),
+                `"concat"` (along axis 0, in replica order) or `"first"`.
+                Defaults to `None`.
+
+        Returns:
+            The last step's outputs, reduced as asked.
+
+        Raises:
+            tf.errors.OutOfRangeError: When `inputs` is exhausted before the first
+                step of the call.
+        """
+        return _step_api.run_steps(
+            self, step_fn, inputs, num_steps=num_steps, reduce=reduce
+        )
 
     @property
     def num_workers(self) -> int:

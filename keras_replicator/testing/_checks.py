@@ -150,6 +150,19 @@ def custom_train_step_loss(strategy):
     )
 
 
+def custom_train_step_mean_loss(strategy):
+    model_class = w.mean_loss_train_step_class()
+
+    def workload(model):
+        x, y = w.classification_data(1001)
+        model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        return {"weights": model.get_weights()}
+
+    return compare_to_one_device(
+        strategy, lambda: w.mlp(model_class=model_class), workload
+    )
+
+
 def variables_in_scope(strategy):
     with strategy.scope():
         model = w.mlp()
@@ -245,6 +258,10 @@ CHECKS = {
     "custom_train_step_loss": (
         custom_train_step_loss,
         "custom train_step logs compute_loss",
+    ),
+    "custom_train_step_mean_loss": (
+        custom_train_step_mean_loss,
+        "custom train_step with a tf.reduce_mean loss",
     ),
     "variables_in_scope": (variables_in_scope, "variables created in scope"),
     "save_load": (save_load, "save / load a .keras model"),

@@ -31,6 +31,7 @@ CHECK_NAMES = (
     "evaluate",
     "predict",
     "custom_train_step_loss",
+    "custom_train_step_mean_loss",
     "variables_in_scope",
     "save_load",
     "restore_other_replica_count",

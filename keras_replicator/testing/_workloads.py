@@ -69,6 +69,28 @@ def string_dict_data(num_samples: int, seed: int = 0):
     return {"word": word, "value": value}, y
 
 
+def mean_loss_train_step_class():
+    """A Model subclass whose `train_step` uses a hand-written per-replica mean loss."""
+    import keras
+    import tensorflow as tf
+
+    class MeanLossModel(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                logits = self(x, training=True)
+                loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(
+                        y, logits, from_logits=True
+                    )
+                )
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            return {"loss": loss}
+
+    return MeanLossModel
+
+
 def custom_train_step_class():
     """A Model subclass with a `train_step` written as the Keras guide shows."""
     import keras
