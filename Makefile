@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(PY) -m ruff check keras_replicator tests benchmarks
-	$(PY) -m ruff format --check keras_replicator tests benchmarks
+	$(PY) -m ruff check keras_replicator tests benchmarks examples
+	$(PY) -m ruff format --check keras_replicator tests benchmarks examples
 
 test: lint
 	$(PY) -m pytest -q
@@ -39,5 +39,5 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 format: install
-	$(PY) -m ruff check --fix keras_replicator tests benchmarks
-	$(PY) -m ruff format keras_replicator tests benchmarks
+	$(PY) -m ruff check --fix keras_replicator tests benchmarks examples
+	$(PY) -m ruff format keras_replicator tests benchmarks examples

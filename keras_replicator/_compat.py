@@ -129,6 +129,18 @@ def in_multi_worker_mode(strategy) -> bool:
     return strategy.extended._in_multi_worker_mode()
 
 
+def in_keras_symbolic_build() -> bool:
+    """Whether Keras is inferring output shapes (functional model construction).
+
+    Keras exports `keras.SymbolicScope` but no way to ask whether one is active.
+    Our collectives need to know: during shape inference they run outside any
+    replica and must only produce the right shapes.
+    """
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+    return in_symbolic_scope()
+
+
 def loss_tracker(model):
     """The `loss` Mean metric Keras' default `train_step` updates."""
     return model._loss_tracker

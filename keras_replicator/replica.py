@@ -30,6 +30,8 @@ ordering tokens):
 
 Example:
 >>> import tensorflow as tf
+
+from keras_replicator import _compat
 >>> from keras_replicator import replica
 >>> int(replica.num_replicas()), float(replica.all_reduce(tf.constant(3.0)))
 (1, 3.0)
@@ -39,11 +41,34 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_replicator import _compat
+
 _OPS = ("sum", "mean", "max", "min")
+
+
+class _ShapeOnlyContext:
+    """Stands in for a replica while Keras infers a functional model's shapes.
+
+    Every replica is taken to hold the same value, which gives every collective its
+    true output shape; no values are computed there.
+    """
+
+    replica_id_in_sync_group = 0
+
+    def __init__(self):
+        self.num_replicas_in_sync = tf.distribute.get_strategy().num_replicas_in_sync
+
+    def all_gather(self, value, axis):
+        return tf.concat([value] * self.num_replicas_in_sync, axis=axis)
+
+    def all_reduce(self, reduce_op, value):
+        return value
 
 
 def _context(function_name: str) -> tf.distribute.ReplicaContext:
     context = tf.distribute.get_replica_context()
+    if context is None and _compat.in_keras_symbolic_build():
+        return _ShapeOnlyContext()
     if context is None:
         raise RuntimeError(
             f"`keras_replicator.replica.{function_name}` must be called inside a "
