@@ -34,6 +34,8 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/strategy_overhead.py
+	$(PY) benchmarks/cross_replica_metrics_overhead.py
+	$(PY) benchmarks/large_batch.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

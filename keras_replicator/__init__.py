@@ -15,10 +15,21 @@ _LAZY = {
     "MultiWorkerReplicator": "keras_replicator.strategies",
     "TPUReplicator": "keras_replicator.strategies",
     "auto": "keras_replicator.strategies",
+    "is_chief": "keras_replicator.strategies",
+    "scaled_learning_rate": "keras_replicator.schedules",
     "split_cpu": "keras_replicator.strategies",
     "wrap_optimizer": "keras_replicator.strategies",
 }
-_SUBMODULES = ("launch", "layers", "replica", "strategies", "testing")
+_SUBMODULES = (
+    "callbacks",
+    "launch",
+    "layers",
+    "optimizers",
+    "replica",
+    "schedules",
+    "strategies",
+    "testing",
+)
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES) + ["__version__"]
 

@@ -36,6 +36,11 @@ UPSTREAM_DIGESTS = {
     "loss.scale_loss_for_distribution": "143cd8a5efb6cb17",
     "loss.unscale_loss_for_distribution": "3903c7ed7f69c5ac",
     "TFOptimizer._all_reduce_sum_gradients": "953512efa56c9680",
+    # callbacks/model_checkpoint.py overrides the one method Keras writes in and
+    # calls the two that decide what to write (no public hook exists).
+    "ModelCheckpoint._save_model": "a9be0a24277ff179",
+    "ModelCheckpoint._get_file_path": "06ba05ff7e06b736",
+    "ModelCheckpoint._should_save_model": "279f32db535b0f09",
 }
 
 _install_lock = threading.Lock()
@@ -66,7 +71,16 @@ def _upstream_objects():
         "TFOptimizer._all_reduce_sum_gradients": _original(
             _tf_optimizer.TFOptimizer._all_reduce_sum_gradients
         ),
+        "ModelCheckpoint._save_model": _stock_checkpoint()._save_model,
+        "ModelCheckpoint._get_file_path": _stock_checkpoint()._get_file_path,
+        "ModelCheckpoint._should_save_model": _stock_checkpoint()._should_save_model,
     }
+
+
+def _stock_checkpoint():
+    import keras
+
+    return keras.callbacks.ModelCheckpoint
 
 
 def _original(function):
@@ -95,6 +109,25 @@ def check_upstream() -> dict[str, str]:
     extended = mirrored_strategy.MirroredExtended
     if not callable(getattr(extended, "_in_multi_worker_mode", None)):
         changed["MirroredExtended._in_multi_worker_mode"] = "missing"
+    from keras.src.trainers.data_adapters import tf_dataset_adapter
+
+    length = inspect.getsource(
+        _original(tf_dataset_adapter.TFDatasetAdapter.num_batches.fget)
+    )
+    if "self._dataset.cardinality" not in length:
+        changed["TFDatasetAdapter.num_batches"] = "no longer reads cardinality"
+    from tensorflow.python.distribute import input_lib
+
+    if "self._strategy = strategy" not in inspect.getsource(input_lib):
+        changed["input_lib DistributedDataset._strategy"] = "attribute renamed"
+    if "self._initial_epoch or initial_epoch" not in inspect.getsource(
+        _tf_trainer.TensorFlowTrainer.fit
+    ):
+        changed["TensorFlowTrainer.fit"] = "no longer resumes from _initial_epoch"
+    import keras
+
+    if not callable(getattr(keras.optimizers.Optimizer, "_get_variable_index", None)):
+        changed["Optimizer._get_variable_index"] = "missing"
     bn_call = inspect.getsource(_bn_module.BatchNormalization.call)
     if "self._moments(inputs, mask)" not in bn_call:
         changed["BatchNormalization.call"] = "no longer calls self._moments"
@@ -141,6 +174,22 @@ def in_keras_symbolic_build() -> bool:
     return in_symbolic_scope()
 
 
+def optimizer_variable_index(optimizer, variable) -> int:
+    """The slot index of `variable` in a Keras optimizer (what `update_step` needs).
+
+    Under a strategy `update_step` receives a per-device copy of the variable; only
+    `Optimizer._get_variable_index` maps it back to its slots. Keras' own optimizer
+    subclassing guide uses it; there is no public name for it.
+    """
+    return optimizer._get_variable_index(variable)
+
+
+def set_initial_epoch(model, epoch: int) -> None:
+    """Makes the next `fit()` start at `epoch`: how Keras' own BackupAndRestore
+    resumes (`model._initial_epoch`); no public API lets a callback do it."""
+    model._initial_epoch = epoch
+
+
 def loss_tracker(model):
     """The `loss` Mean metric Keras' default `train_step` updates."""
     return model._loss_tracker
@@ -172,6 +221,8 @@ def install() -> None:
         _patch_trainer()
         _patch_loss_scaling()
         _patch_gradient_all_reduce()
+        _patch_progress_bar()
+        _patch_distributed_dataset_length()
         _installed = True
 
 
@@ -289,3 +340,50 @@ def _patch_gradient_all_reduce():
         return _all_reduce_sum_gradients
 
     _replace(_tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients", all_reduce)
+
+
+def _patch_progress_bar():
+    # N workers would print N progress bars (keras-team/keras has no notion of a
+    # chief). Under our multi-worker strategies only the chief prints; its numbers
+    # are the global ones.
+    import keras
+
+    from keras_replicator.strategies import _roles
+
+    def silence_non_chief(original):
+        def on_begin(self, logs=None):
+            model = getattr(self, "model", None)
+            if model is not None:
+                strategy = model.distribute_strategy
+                if is_replicator(strategy) and not _roles.is_chief(strategy):
+                    self.verbose = 0
+            return original(self, logs)
+
+        return on_begin
+
+    for event in ("on_train_begin", "on_test_begin", "on_predict_begin"):
+        _replace(keras.callbacks.ProgbarLogger, event, silence_non_chief)
+
+
+def _patch_distributed_dataset_length():
+    # A distributed dataset's `cardinality` is this worker's count of batches. Keras
+    # takes it as the epoch length, so with unequal worker shards the workers stop
+    # after different numbers of steps and their collectives mismatch ("Collective
+    # instance ... expected data_type 9 but got data_type 1"). Across workers the
+    # length is unknown to Keras; the iterator's end is synchronised across workers
+    # (TF pads exhausted workers with empty batches), so iterate until it.
+    from keras.src.trainers.data_adapters import tf_dataset_adapter
+
+    adapter = tf_dataset_adapter.TFDatasetAdapter
+    original = adapter.num_batches
+
+    def num_batches(self):
+        dataset = self._dataset
+        if isinstance(dataset, tf.distribute.DistributedDataset):
+            strategy = getattr(dataset, "_strategy", None)
+            if is_replicator(strategy) and in_multi_worker_mode(strategy):
+                return None
+        return original.fget(self)
+
+    adapter.num_batches = property(num_batches, doc=original.__doc__)
+    adapter.num_batches.fget.__kr_original__ = original.fget

@@ -1,25 +1,92 @@
-"""`keras-replicator launch -n N -- python train.py`: N workers on this machine."""
+"""`keras-replicator launch [-n N] [options] -- python train.py args...`.
+
+The command form of `keras_replicator.launch.launch()`: every flag is a keyword of
+that function. Exit code: 0 when every worker succeeded; else the exit code of
+the worker that failed first (128 + N when a signal N ended it), 124 on
+`--timeout`, 2 for invalid options, 130 / 143 when the launcher itself was
+interrupted (the workers are stopped first).
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
-from keras_replicator.launch import run_workers
+from keras_replicator.launch import LaunchOptions
+from keras_replicator.launch._launcher import launch_with_options
+from keras_replicator.launch._options import CLUSTER_MODES, parse_ports
+
+EXIT_TIMEOUT = 124
+EXIT_USAGE = 2
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "launch",
-        help="run a script as N workers of one cluster on 127.0.0.1",
+        help="run a script as the workers of one cluster (local, TF_CONFIG, Slurm)",
         description=(
-            "Starts N copies of the command with a TF_CONFIG each (free ports on "
-            "127.0.0.1), prefixes their output with the worker index and stops all "
-            "of them when one fails."
+            "Starts N copies of the command on 127.0.0.1 with a TF_CONFIG each "
+            "(or, under a scheduler's TF_CONFIG or `srun`, this task's worker), "
+            "prefixes their output with the worker index, stops all of them when "
+            "one fails and, with --max-restarts, restarts the group so training "
+            "resumes from the last BackupAndRestore backup."
         ),
+        epilog="example: keras-replicator launch -n 2 --max-restarts 1 -- "
+        "python train.py --epochs 5",
     )
-    parser.add_argument("-n", "--num-workers", type=int, required=True)
-    parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    parser.add_argument(
+        "-n",
+        "--num-workers",
+        type=int,
+        default=None,
+        help="worker processes on this machine (required outside a cluster)",
+    )
+    parser.add_argument(
+        "--cluster",
+        choices=CLUSTER_MODES,
+        default="auto",
+        help="where the workers are (default: auto = TF_CONFIG, Slurm, else local)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart the whole group up to K times after a failure (default 0)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds for all runs together"
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address local workers advertise (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow addresses other machines can reach (TF's gRPC has no auth)",
+    )
+    parser.add_argument(
+        "--ports", default=None, help="comma-separated port per local worker"
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=8888,
+        help="first port per node in Slurm mode (default 8888)",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=5.0,
+        help="seconds between SIGTERM and SIGKILL when stopping workers",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each worker's TF_CONFIG and start nothing",
+    )
     parser.add_argument("program", nargs=argparse.REMAINDER)
     parser.set_defaults(command=run)
     return parser
@@ -30,15 +97,80 @@ def run(args) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
+        _say(
+            "give the program after `--`, e.g. "
+            "`keras-replicator launch -n 2 -- python train.py`."
+        )
+        return EXIT_USAGE
+    try:
+        options = LaunchOptions(
+            num_workers=args.num_workers,
+            cluster=args.cluster,
+            max_restarts=args.max_restarts,
+            timeout=args.timeout,
+            host=args.host,
+            allow_remote=args.allow_remote,
+            ports=parse_ports(args.ports),
+            port_base=args.port_base,
+            grace_seconds=args.grace_seconds,
+            dry_run=args.dry_run,
+        )
+    except (TypeError, ValueError) as error:
+        _say(f"error: {error}")
+        return EXIT_USAGE
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        result = launch_with_options(command, options)
+    except (TypeError, ValueError) as error:
+        _say(f"error: {error}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _say("interrupted; the workers were stopped.")
+        return 130
+    except _Terminated:
+        _say("terminated; the workers were stopped.")
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if args.dry_run:
+        return 0
+    if result.ok:
+        if result.restarts:
+            _say(
+                f"all {len(result.workers)} workers succeeded after "
+                f"{result.restarts} restart(s), {result.total_seconds:.1f} s in all."
+            )
+        return 0
+    return _report_failure(result)
+
+
+def _report_failure(result) -> int:
+    failure = result.first_failure
+    detail = failure.traceback if failure is not None else ""
+    if not detail and failure is not None:
+        detail = "\n".join(failure.output.rstrip().splitlines()[-20:])
+    restarts = f" (after {result.restarts} restart(s))" if result.restarts else ""
+    _say(f"{result.headline()}{restarts}.")
+    if detail:
         print(
-            "keras-replicator launch: give the program after `--`, e.g. "
-            "`keras-replicator launch -n 2 -- python train.py`.",
+            f"--- worker {failure.index}, last output ---\n{detail}",
             file=sys.stderr,
         )
-        return 2
-    result = run_workers(command, args.num_workers, timeout=args.timeout)
-    if not result.ok:
-        print(result.describe_failure(), file=sys.stderr)
-        failure = result.first_failure
-        return (failure.returncode if failure and failure.returncode else 1) or 1
-    return 0
+    if result.timed_out:
+        return EXIT_TIMEOUT
+    code = failure.returncode if failure is not None else None
+    if code is None or code == 0:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
+def _say(message: str) -> None:
+    print(f"keras-replicator launch: {message}", file=sys.stderr, flush=True)

@@ -1,4 +1,12 @@
-"""Free TCP ports on the loopback interface."""
+"""Free TCP ports, and whether a worker's port can be bound.
+
+TensorFlow's gRPC server always listens on `0.0.0.0:<port>` (all interfaces),
+whatever host its `TF_CONFIG` names, with `SO_REUSEADDR` and without
+`SO_REUSEPORT`. `port_in_use` asks the same question the server will: can this port
+be bound on all interfaces, ignoring connections in TIME_WAIT? When it cannot, TF
+fails with a bare "Could not start gRPC server"; the launcher says which
+`TF_CONFIG` field names the busy port instead.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,13 @@ import socket
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Returns `count` distinct ports that were free on `host` a moment ago."""
+    """Returns `count` distinct ports that were free on `host` a moment ago.
+
+    Example:
+    >>> from keras_replicator.launch import free_ports
+    >>> len(set(free_ports(3)))
+    3
+    """
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(count):
@@ -19,8 +33,10 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         return ports
 
 
-def port_in_use(host: str, port: int) -> bool:
+def port_in_use(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether a server could not bind `port` on `host` now (as TF's gRPC would)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -1,13 +1,20 @@
-"""Starts N worker processes with a TF_CONFIG each and supervises them.
+"""Starts a group of worker processes and supervises them until the group is done.
 
-The one process runner of the project: the `keras-replicator launch` command, the
-conformance suite's multi-worker cases and the tests all use it. It imports no
-TensorFlow, so the parent stays light and never grabs devices.
+The one process runner of the project: `keras-replicator launch`, `launch()`,
+`launch_function()`, the conformance suite's multi-worker cases and the tests all
+start workers here. It imports no TensorFlow, so the parent stays light and never
+grabs devices.
 
-Supervision rules: output lines are prefixed with the worker index; the first worker
-to exit non-zero (or the deadline) stops the others (SIGTERM, then SIGKILL after a
-grace period); the result keeps every worker's exit code and the tail of its output,
-so the failing worker's traceback can be shown.
+Supervision rules:
+
+- Every line a worker prints is echoed with its label (`[worker 1] ...`).
+- The first worker to exit non-zero (or the deadline) stops the others: SIGTERM to
+  each worker's process group, SIGKILL after `grace_seconds`. A worker that exits 0
+  is left alone, so a slow chief can still write its final checkpoint.
+- The result keeps, for every worker, its exit code, when it exited, whether the
+  launcher stopped it, and the tail of its output. `first_failure` is the worker
+  that failed first *in time* and on its own, which is the one to blame: the others
+  usually fail because it did.
 """
 
 from __future__ import annotations
@@ -21,71 +28,45 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from keras_replicator.launch._ports import free_ports
+from keras_replicator.launch._results import LaunchResult, WorkerResult
 
 _TAIL_LINES = 200
+_POLL_SECONDS = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkerResult:
-    """What one worker did: its index, exit code and last lines of output."""
+class WorkerSpec:
+    """One worker to start: its index, label, TF_CONFIG and extra environment."""
 
     index: int
-    returncode: int | None
-    output: str
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchResult:
-    """The outcome of one launch of all workers."""
-
-    workers: tuple[WorkerResult, ...]
-    timed_out: bool
-    seconds: float
+    tf_config: str | None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    label: str | None = None
 
     @property
-    def ok(self) -> bool:
-        return not self.timed_out and all(w.returncode == 0 for w in self.workers)
-
-    @property
-    def first_failure(self) -> WorkerResult | None:
-        for worker in self.workers:
-            if worker.returncode not in (0, None) and worker.returncode >= 0:
-                return worker
-        for worker in self.workers:
-            if worker.returncode != 0:
-                return worker
-        return None
-
-    def describe_failure(self) -> str:
-        """A message naming the failing worker with the tail of its output."""
-        if self.ok:
-            return "all workers succeeded"
-        if self.timed_out:
-            head = f"workers timed out after {self.seconds:.0f} s"
-            worker = self.workers[0]
-        else:
-            worker = self.first_failure
-            head = f"worker {worker.index} exited with code {worker.returncode}"
-        tails = "\n".join(
-            f"--- worker {w.index} (exit {w.returncode}) ---\n{w.output[-6000:]}"
-            for w in self.workers
-        )
-        del worker
-        return f"{head}\n{tails}"
+    def prefix(self) -> str:
+        return f"[{self.label or f'worker {self.index}'}] "
 
 
 def tf_configs(num_workers: int, host: str = "127.0.0.1", ports=None) -> list[dict]:
-    """One TF_CONFIG dict per worker, all on `host` with free (or given) ports."""
+    """One TF_CONFIG dict per worker, all on `host` with free (or given) ports.
+
+    Example:
+    >>> from keras_replicator.launch import tf_configs
+    >>> tf_configs(2, ports=[5000, 5001])[1]["task"]
+    {'type': 'worker', 'index': 1}
+    """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int):
         raise TypeError(
             f"`num_workers` must be an integer. Received: num_workers={num_workers!r}."
         )
     if num_workers < 1:
         raise ValueError(
-            f"`num_workers` must be at least 1. Received: num_workers={num_workers}."
+            f"`num_workers` must be at least 1. Received: num_workers={num_workers}. "
+            "Use `num_workers=2` (`-n 2`) or more for a multi-worker run."
         )
     ports = list(ports) if ports is not None else free_ports(num_workers, host)
     if len(ports) != num_workers:
@@ -114,13 +95,18 @@ def run_workers(
 ) -> LaunchResult:
     """Runs `command` as `num_workers` workers of one cluster and waits for them.
 
+    One run, no restarts (see `launch()` for those). Each worker gets a `TF_CONFIG`
+    naming every worker's `host:port`, and `KERAS_REPLICATOR_WORKER_INDEX` /
+    `KERAS_REPLICATOR_NUM_WORKERS`.
+
     Args:
         command: The program and its arguments, e.g. `["python", "train.py"]`.
         num_workers: How many worker processes to start.
         timeout: Seconds before all workers are stopped. Defaults to `None` (none).
         env: Extra environment variables for every worker. Defaults to `None`.
         cwd: Working directory of the workers. Defaults to `None` (this one's).
-        host: Address the workers listen on. Defaults to `"127.0.0.1"`.
+        host: Address the workers advertise in `TF_CONFIG`. Defaults to
+            `"127.0.0.1"`.
         ports: One port per worker. Defaults to `None` (free ports).
         echo: Print each worker's output, prefixed `[worker i]`. Defaults to `True`.
         grace_seconds: Seconds between SIGTERM and SIGKILL when stopping workers.
@@ -137,43 +123,70 @@ def run_workers(
     (True, 'hi')
     """
     if not command:
-        raise ValueError("`command` must name a program to run. Received: command=[].")
+        raise ValueError(
+            "`command` must name a program to run. Received: command=[]. "
+            'Use e.g. command=["python", "train.py"].'
+        )
     configs = tf_configs(num_workers, host=host, ports=ports)
+    specs = [
+        WorkerSpec(
+            index=index,
+            tf_config=json.dumps(config),
+            env={
+                "KERAS_REPLICATOR_WORKER_INDEX": str(index),
+                "KERAS_REPLICATOR_NUM_WORKERS": str(num_workers),
+            },
+        )
+        for index, config in enumerate(configs)
+    ]
+    return run_group(
+        command,
+        specs,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        echo=echo,
+        grace_seconds=grace_seconds,
+    )
+
+
+def run_group(
+    command: Sequence[str],
+    specs: Sequence[WorkerSpec],
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    echo: bool = True,
+    grace_seconds: float = 5.0,
+) -> LaunchResult:
+    """Starts one process per spec and supervises them (see the module docstring)."""
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
-    processes = []
-    tails = [collections.deque(maxlen=_TAIL_LINES) for _ in range(num_workers)]
+    processes: list[subprocess.Popen] = []
+    tails = [collections.deque(maxlen=_TAIL_LINES) for _ in specs]
+    exits: list[float | None] = [None] * len(specs)
+    stopped: set[int] = set()
     readers = []
     lock = threading.Lock()
-    for index, config in enumerate(configs):
-        worker_env = dict(os.environ)
-        worker_env.update(env or {})
-        worker_env["TF_CONFIG"] = json.dumps(config)
-        worker_env["KERAS_REPLICATOR_WORKER_INDEX"] = str(index)
-        worker_env["KERAS_REPLICATOR_NUM_WORKERS"] = str(num_workers)
-        worker_env.setdefault("PYTHONUNBUFFERED", "1")
-        process = subprocess.Popen(
-            list(command),
-            env=worker_env,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-        processes.append(process)
-        reader = threading.Thread(
-            target=_pump, args=(process, index, tails[index], echo, lock), daemon=True
-        )
-        reader.start()
-        readers.append(reader)
-
     timed_out = False
     try:
+        for position, spec in enumerate(specs):
+            process = _start(command, spec, env, cwd)
+            processes.append(process)
+            reader = threading.Thread(
+                target=_pump,
+                args=(process, spec.prefix, tails[position], echo, lock),
+                daemon=True,
+            )
+            reader.start()
+            readers.append(reader)
         while True:
-            codes = [p.poll() for p in processes]
+            now = time.monotonic() - started
+            for position, process in enumerate(processes):
+                if exits[position] is None and process.poll() is not None:
+                    exits[position] = now
+            codes = [p.returncode for p in processes]
             if all(code is not None for code in codes):
                 break
             if any(code not in (None, 0) for code in codes):
@@ -181,42 +194,79 @@ def run_workers(
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
                 break
-            time.sleep(0.05)
+            time.sleep(_POLL_SECONDS)
     finally:
-        _stop(processes, grace_seconds)
+        stopped.update(_stop(processes, grace_seconds))
+        now = time.monotonic() - started
+        for position in range(len(processes)):
+            if exits[position] is None:
+                exits[position] = now
         for reader in readers:
             reader.join(timeout=5)
     return LaunchResult(
         workers=tuple(
-            WorkerResult(index, p.returncode, "".join(tails[index]))
-            for index, p in enumerate(processes)
+            WorkerResult(
+                spec.index,
+                process.returncode,
+                "".join(tails[position]),
+                seconds=exits[position],
+                stopped=position in stopped,
+            )
+            for position, (spec, process) in enumerate(zip(specs, processes))
         ),
         timed_out=timed_out,
         seconds=time.monotonic() - started,
     )
 
 
-def _pump(process, index, tail, echo, lock):
+def _start(command, spec: WorkerSpec, env, cwd) -> subprocess.Popen:
+    worker_env = dict(os.environ)
+    worker_env.update(env or {})
+    worker_env.update(spec.env)
+    if spec.tf_config is not None:
+        worker_env["TF_CONFIG"] = spec.tf_config
+    worker_env.setdefault("PYTHONUNBUFFERED", "1")
+    # A session of its own, so that stopping a worker also stops its children
+    # and a Ctrl-C in the terminal reaches the launcher only (which then stops
+    # every worker in order).
+    return subprocess.Popen(
+        list(command),
+        env=worker_env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+
+
+def _pump(process, prefix, tail, echo, lock):
     for line in process.stdout:
         tail.append(line)
         if echo:
             with lock:
-                sys.stdout.write(f"[worker {index}] {line}")
+                sys.stdout.write(prefix + line)
                 sys.stdout.flush()
 
 
-def _stop(processes, grace_seconds):
-    """SIGTERM every live worker's process group, then SIGKILL what remains."""
-    live = [p for p in processes if p.poll() is None]
-    for process in live:
+def _stop(processes, grace_seconds) -> set[int]:
+    """SIGTERM every live worker's process group, then SIGKILL what remains.
+
+    Returns the positions of the workers it had to stop.
+    """
+    live = {i: p for i, p in enumerate(processes) if p.poll() is None}
+    for process in live.values():
         _signal_group(process, signal.SIGTERM)
     end = time.monotonic() + grace_seconds
-    for process in live:
+    for process in live.values():
         try:
             process.wait(timeout=max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             _signal_group(process, signal.SIGKILL)
             process.wait()
+    return set(live)
 
 
 def _signal_group(process, sig):

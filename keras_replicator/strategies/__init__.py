@@ -2,6 +2,7 @@
 
 from keras_replicator.strategies._auto import auto
 from keras_replicator.strategies._devices import split_cpu
+from keras_replicator.strategies._roles import is_chief
 from keras_replicator.strategies._wrap_optimizer import wrap_optimizer
 from keras_replicator.strategies.multi_device import MultiDeviceReplicator
 from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
@@ -12,6 +13,7 @@ __all__ = [
     "MultiWorkerReplicator",
     "TPUReplicator",
     "auto",
+    "is_chief",
     "split_cpu",
     "wrap_optimizer",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import tensorflow as tf
@@ -18,6 +19,16 @@ def _slurm_cluster() -> bool:
         bool(os.environ.get("SLURM_JOB_ID"))
         and int(os.environ.get("SLURM_NTASKS", "1")) > 1
     )
+
+
+def _slurm_resolver():
+    # SlurmClusterResolver() runs nvidia-smi to count GPUs and fails on CPU nodes;
+    # there, give it one task per "GPU" slot and let it set no devices.
+    resolver_class = tf.distribute.cluster_resolver.SlurmClusterResolver
+    if os.environ.get("CUDA_VISIBLE_DEVICES") or shutil.which("nvidia-smi"):
+        return resolver_class()
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", os.environ["SLURM_NTASKS"]))
+    return resolver_class(gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False)
 
 
 def auto(num_replicas: int | None = None, *, verbose: bool = True):
@@ -62,7 +73,7 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
         strategy = MultiWorkerReplicator()
         reason = f"TF_CONFIG describes a cluster of {strategy.num_workers} workers"
     elif _slurm_cluster():
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+        resolver = _slurm_resolver()
         strategy = MultiWorkerReplicator(cluster_resolver=resolver)
         reason = f"Slurm runs {os.environ['SLURM_NTASKS']} tasks"
     else:

@@ -19,7 +19,9 @@ leaves stock strategies untouched. What each builder does differently:
 * ``jit_compile`` compiles each replica's forward and backward pass statelessly with
   XLA and keeps the all-reduce and the updates outside the compiled function;
 * per-replica logs are averaged across replicas and, on several workers, across
-  workers with one batched collective, so every worker logs the same numbers.
+  workers with one batched collective, so every worker logs the same numbers; when
+  `CrossReplicaMetrics` asks, a variant of the step replaces metric logs with exact
+  global-batch values (`_global_metrics`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ import keras
 import tensorflow as tf
 from keras import tree
 
-from keras_replicator.strategies import _loop, _sample_count
+from keras_replicator.strategies import (
+    _global_metrics,
+    _loop,
+    _sample_count,
+    _sample_counter,
+)
 
 
 def make_train_function(model, loss_tracker):
@@ -54,9 +61,8 @@ def make_train_function(model, loss_tracker):
                 "`compute_loss` instead of `train_step` to keep XLA.",
                 stacklevel=3,
             )
-    return _make_loop_function(
-        model, _count_samples(step, model.distribute_strategy._kr_is_multi_worker())
-    )
+    counter = _sample_counter.counter_for(model)
+    return _make_loop_function(model, _replica_steps(model, step, counter), "train")
 
 
 def make_test_function(model, loss_tracker):
@@ -70,9 +76,7 @@ def make_test_function(model, loss_tracker):
                 "strategy: the step runs without XLA.",
                 stacklevel=3,
             )
-    return _make_loop_function(
-        model, _count_samples(step, model.distribute_strategy._kr_is_multi_worker())
-    )
+    return _make_loop_function(model, _replica_steps(model, step), "test")
 
 
 def make_predict_function(model):
@@ -109,32 +113,60 @@ def make_predict_function(model):
     return predict_function
 
 
-def _count_samples(step, across_workers):
-    def replica_step(data):
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        with _sample_count.counting_samples(_sample_count.batch_size_of(x)):
-            outputs = step(data)
-        return _mean_over_workers(outputs) if across_workers else outputs
+def _replica_steps(model, step, counter=None):
+    """`make(global_metrics)` -> the replica function around Keras' `step`."""
+    across_workers = model.distribute_strategy._kr_is_multi_worker()
 
-    return replica_step
+    def make(global_metrics: bool):
+        def replica_step(data):
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+            count = _sample_count.batch_size_of(x)
+            with _sample_count.counting_samples(count):
+                outputs = step(data)
+            if counter is not None:
+                counter.assign_add(tf.cast(count, tf.float64))
+            exact = {}
+            if global_metrics and isinstance(outputs, dict):
+                exact = _global_metrics.global_results(model.metrics)
+                exact = {k: v for k, v in exact.items() if k in outputs}
+            rest = (
+                {k: v for k, v in outputs.items() if k not in exact}
+                if exact
+                else outputs
+            )
+            if across_workers:
+                rest = _mean_over_workers(rest)
+            return {**rest, **exact} if exact else rest
+
+        return replica_step
+
+    return make
 
 
-def _make_loop_function(model, replica_step):
+def _make_loop_function(model, make_replica_step, phase):
     strategy = model.distribute_strategy
     steps_per_execution = int(model.steps_per_execution)
+    variants = {}
 
-    @tf.autograph.experimental.do_not_convert
-    def one_step(data):
-        outputs = strategy.run(replica_step, args=(data,))
-        return _mean_over_replicas(strategy, outputs)
+    def variant(global_metrics: bool):
+        if global_metrics not in variants:
+            replica_step = make_replica_step(global_metrics)
 
-    def multi_step(iterator):
-        return _loop.run_loop(one_step, iterator, steps_per_execution)
+            @tf.autograph.experimental.do_not_convert
+            def one_step(data):
+                outputs = strategy.run(replica_step, args=(data,))
+                return _mean_over_replicas(strategy, outputs)
 
-    if not model.run_eagerly:
-        multi_step = tf.function(multi_step, reduce_retracing=True)
+            def multi_step(iterator):
+                return _loop.run_loop(one_step, iterator, steps_per_execution)
+
+            if not model.run_eagerly:
+                multi_step = tf.function(multi_step, reduce_retracing=True)
+            variants[global_metrics] = (one_step, multi_step)
+        return variants[global_metrics]
 
     def function(iterator):
+        one_step, multi_step = variant(_global_metrics.due(model, phase))
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             return multi_step(iterator)
         # `train_on_batch` / `test_on_batch` pass a Python generator of one batch.

@@ -16,7 +16,14 @@ def classification_data(num_samples: int, seed: int = 0):
     return x, y
 
 
-def mlp(*, batch_norm=None, jit_compile=False, steps_per_execution=1, model_class=None):
+def mlp(
+    *,
+    batch_norm=None,
+    jit_compile=False,
+    steps_per_execution=1,
+    model_class=None,
+    metrics=("accuracy",),
+):
     """A compiled 2-layer classifier; `batch_norm`: None, "local" or "synchronized"."""
     import keras
 
@@ -31,7 +38,7 @@ def mlp(*, batch_norm=None, jit_compile=False, steps_per_execution=1, model_clas
     model.compile(
         optimizer=keras.optimizers.SGD(0.1, momentum=0.5),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        metrics=list(metrics),
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )
@@ -86,7 +93,12 @@ def mean_loss_train_step_class():
                 )
             gradients = tape.gradient(loss, self.trainable_variables)
             self.optimizer.apply(gradients, self.trainable_variables)
-            return {"loss": loss}
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, logits)
+            return {metric.name: metric.result() for metric in self.metrics}
 
     return MeanLossModel
 

@@ -1,0 +1,264 @@
+"""`BackupAndRestore` that is safe on several workers and never restores a torn state.
+
+Stock Keras writes the backup as two files, `latest.weights.h5` and
+`training_metadata.json` (the epoch), in place, on every worker. On several
+workers sharing `backup_dir` that is an h5 lock error; after a crash between the
+two writes (or during one) the next run restores weights of one epoch with the
+epoch counter of another, or fails to read a truncated file.
+
+Here a backup is committed in three steps, by the chief only:
+
+1. the weights go to a new file, `state-e<epoch>-b<batch>-<token>.weights.h5`,
+   written under a temporary name and renamed when complete;
+2. `training_metadata.json` (epoch, batch and the name of that weights file) is
+   replaced atomically the same way: this rename is the commit;
+3. weights files no backup refers to any more are deleted.
+
+A crash at any point leaves the previous backup whole, so a restart resumes from
+the last committed epoch exactly. Other workers save to a scratch directory (so
+collectives inside saving stay in step) and restore from the chief's files, which
+therefore must be on a filesystem every worker sees, as with stock Keras. A
+backup written by stock Keras (`latest.weights.h5`) is still restored.
+
+With `save_freq="epoch"` (the default) and a deterministic input order
+(`shuffle=False`), resuming gives the same final weights as an uninterrupted run.
+With an integer `save_freq`, as in stock Keras, a resumed run restarts the
+interrupted epoch from mid-epoch weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+
+import keras
+
+from keras_replicator import _compat
+from keras_replicator.callbacks.model_checkpoint import (
+    TEMP_MARKER,
+    is_chief,
+    save_for_worker,
+    write_atomically,
+)
+
+METADATA_FILE = "training_metadata.json"
+PREVIOUS_SUFFIX = ".bkp"
+STOCK_WEIGHTS_FILE = "latest.weights.h5"
+_STATE_FILE = re.compile(r"^state-e\d+-b-?\d+-[0-9a-f]+\.weights\.h5$")
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """Backs up and restores the training state, safely on several workers.
+
+    Same arguments as `keras.callbacks.BackupAndRestore`. Differences:
+
+    - Only the chief writes to `backup_dir`; every worker restores from it, so
+      all workers can be given the same `backup_dir` (stock Keras crashes).
+    - A backup is committed atomically (see the module docstring): a crash
+      while backing up leaves the previous backup, and a restart resumes from
+      it with the same weights and epoch a run without the crash would have had.
+    - `double_checkpoint=True` keeps the previous backup too, and restores it
+      if the latest weights cannot be read.
+
+    Args:
+        backup_dir: Directory for the backup, on storage every worker can read.
+            Do not share it with other callbacks or runs.
+        save_freq: `"epoch"`, a number of batches, or `False` (never back up).
+            Defaults to `"epoch"`.
+        double_checkpoint: Keep the previous backup as a fallback. Defaults to
+            `False`.
+        delete_checkpoint: Delete `backup_dir` when training finishes.
+            Defaults to `True`.
+
+    Example:
+    >>> import os, tempfile, numpy as np, keras
+    >>> from keras_replicator.callbacks import BackupAndRestore
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> backup = BackupAndRestore(tempfile.mkdtemp(), delete_checkpoint=False)
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), epochs=2, verbose=0,
+    ...               callbacks=[backup])
+    >>> sorted(os.listdir(backup.backup_dir))[-1]
+    'training_metadata.json'
+    """
+
+    def __init__(
+        self,
+        backup_dir,
+        save_freq="epoch",
+        double_checkpoint=False,
+        delete_checkpoint=True,
+    ):
+        if save_freq is not False and save_freq != "epoch":
+            if isinstance(save_freq, bool) or not isinstance(save_freq, int):
+                raise ValueError(
+                    "`save_freq` must be 'epoch', a positive number of batches or "
+                    f"False. Received: save_freq={save_freq!r}. Use 'epoch'."
+                )
+            if save_freq < 1:
+                raise ValueError(
+                    "`save_freq` must be 'epoch', a positive number of batches or "
+                    f"False. Received: save_freq={save_freq}. Use 'epoch' or 100."
+                )
+        super().__init__(
+            backup_dir,
+            save_freq=save_freq,
+            double_checkpoint=double_checkpoint,
+            delete_checkpoint=delete_checkpoint,
+        )
+        self._kr_epochs_done = 0
+        self._kr_last_batch = -1
+        self._kr_batches_since_backup = 0
+
+    # Restore ------------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        if not model.built:
+            raise ValueError(
+                "`BackupAndRestore` needs a built model to restore into. "
+                f"Received: an unbuilt model {model}. Build it first, e.g. by "
+                "calling it on a batch or with `keras.Input` in its definition."
+            )
+        if is_chief(model):
+            self._kr_remove_orphans(keep=self._kr_referenced_files())
+        state = self._kr_read_backup()
+        if state is None:
+            return
+        epoch, weights_path = state
+        if weights_path is not None:
+            if model.optimizer is not None and not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+            model.load_weights(weights_path)
+        if epoch is not None:
+            # Keras' fit() starts from `model._initial_epoch` when it is set; it
+            # is how the stock BackupAndRestore resumes, and there is no public
+            # way for a callback to move the first epoch.
+            _compat.set_initial_epoch(model, epoch)
+            self._kr_epochs_done = epoch
+
+    def _kr_read_backup(self):
+        """`(epoch, weights path)` of the newest readable backup, or None."""
+        candidates = [self._kr_path(METADATA_FILE)]
+        if self.double_checkpoint:
+            candidates.append(self._kr_path(METADATA_FILE + PREVIOUS_SUFFIX))
+        errors = []
+        for metadata_path in candidates:
+            metadata = _read_json(metadata_path)
+            if metadata is None:
+                continue
+            name = metadata.get("weights")
+            weights = self._kr_path(name) if name else None
+            if weights is not None and _readable_h5(weights, errors):
+                return metadata.get("epoch"), weights
+            if weights is None:
+                stock = self._kr_path(STOCK_WEIGHTS_FILE)
+                return metadata.get("epoch"), stock if os.path.exists(stock) else None
+        if errors:
+            raise OSError(
+                f"The backup in `backup_dir`={self.backup_dir!r} cannot be read "
+                f"({errors[0]}). Delete the directory to start over."
+            )
+        stock = self._kr_path(STOCK_WEIGHTS_FILE)
+        return (None, stock) if os.path.exists(stock) else None
+
+    # Back up ------------------------------------------------------------------
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._kr_last_batch = -1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_freq in ("epoch", False):
+            return
+        step = batch - self._kr_last_batch if batch > self._kr_last_batch else 1
+        self._kr_last_batch = batch
+        self._kr_batches_since_backup += step
+        if self._kr_batches_since_backup >= self.save_freq:
+            self._kr_batches_since_backup = 0
+            self._kr_back_up(self._kr_epochs_done, batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._kr_epochs_done = epoch + 1
+        if self.save_freq == "epoch":
+            self._kr_back_up(epoch + 1, 0)
+
+    def _kr_back_up(self, epoch: int, batch: int) -> None:
+        name = f"state-e{epoch}-b{batch}-{uuid.uuid4().hex[:8]}.weights.h5"
+        weights = self._kr_path(name)
+
+        def write(path):
+            self.model.save_weights(path, overwrite=True)
+
+        save_for_worker(self.model, weights, write)
+        if not is_chief(self.model):
+            return
+        metadata_path = self._kr_path(METADATA_FILE)
+        previous = _read_json(metadata_path)
+        if self.double_checkpoint and previous is not None:
+            _write_json(metadata_path + PREVIOUS_SUFFIX, previous)
+        _write_json(metadata_path, {"epoch": epoch, "batch": batch, "weights": name})
+        self._kr_remove_orphans(keep=self._kr_referenced_files())
+
+    def on_train_end(self, logs=None):
+        if self.delete_checkpoint and is_chief(self.model):
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+    # Files --------------------------------------------------------------------
+
+    def _kr_path(self, name: str) -> str:
+        return os.path.join(self.backup_dir, name)
+
+    def _kr_referenced_files(self) -> set[str]:
+        names = set()
+        for suffix in ("", PREVIOUS_SUFFIX):
+            metadata = _read_json(self._kr_path(METADATA_FILE + suffix))
+            if metadata and metadata.get("weights"):
+                names.add(metadata["weights"])
+        return names
+
+    def _kr_remove_orphans(self, keep: set[str]) -> None:
+        """Deletes unreferenced weights and leftovers of interrupted writes."""
+        if not os.path.isdir(self.backup_dir):
+            return
+        for name in os.listdir(self.backup_dir):
+            orphan = _STATE_FILE.match(name) and name not in keep
+            if orphan or TEMP_MARKER in name:
+                try:
+                    os.remove(self._kr_path(name))
+                except OSError:
+                    pass  # removed concurrently, or a directory: not ours
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as file:
+            return json.load(file)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: str, value) -> None:
+    def write(temporary):
+        with open(temporary, "w") as file:
+            json.dump(value, file)
+
+    write_atomically(path, write)
+
+
+def _readable_h5(path: str, errors: list) -> bool:
+    if not os.path.exists(path):
+        errors.append(f"{os.path.basename(path)} is missing")
+        return False
+    try:
+        import h5py
+
+        with h5py.File(path, "r"):
+            return True
+    except OSError as error:
+        errors.append(f"{os.path.basename(path)}: {error}")
+        return False

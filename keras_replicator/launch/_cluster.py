@@ -1,0 +1,296 @@
+"""Where the workers are: local processes, a scheduler's TF_CONFIG, or Slurm.
+
+Three cluster modes, one script:
+
+- `local`: the launcher starts N workers on this machine with free loopback ports
+  and writes each one's `TF_CONFIG`.
+- `tf-config`: a scheduler (a Kubernetes TFJob, a hand-written job) already set
+  `TF_CONFIG` for this process; the launcher runs the one worker it describes and
+  passes `TF_CONFIG` through unchanged.
+- `slurm`: `srun` started one launcher per task; each asks TensorFlow's
+  `SlurmClusterResolver` (in a short-lived child process, so the launcher itself
+  never imports TensorFlow) for the cluster and runs its worker with the
+  resulting `TF_CONFIG`.
+
+`auto` picks `tf-config` when `TF_CONFIG` is set, else `slurm` inside a Slurm job
+step with several tasks, else `local`. Checks that the worker would only fail
+later and vaguely on (a missing task, an index out of range, a port in use) are
+made here, with errors that name the `TF_CONFIG` field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions, is_loopback
+from keras_replicator.launch._ports import free_ports, port_in_use
+from keras_replicator.launch._runner import WorkerSpec, tf_configs
+
+_TRAINING_TASKS = ("chief", "worker")
+_SLURM_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterPlan:
+    """The workers one launcher starts, and every worker's TF_CONFIG for display."""
+
+    mode: str
+    specs: tuple[WorkerSpec, ...]
+    all_configs: tuple[dict, ...]
+    this_task: int | None = None  # position in `all_configs` run here (cluster modes)
+
+    def describe(self, command) -> str:
+        """The dry-run text: the command and one TF_CONFIG line per worker."""
+        lines = [
+            f"mode: {self.mode}",
+            "command: " + " ".join(command),
+        ]
+        for position, config in enumerate(self.all_configs):
+            task = config["task"]
+            mark = "  <- this process" if position == self.this_task else ""
+            lines.append(
+                f"[{task['type']} {task['index']}] "
+                f"TF_CONFIG={json.dumps(config, sort_keys=True)}{mark}"
+            )
+        lines.append(
+            "note: TensorFlow's gRPC servers listen on all interfaces "
+            "(0.0.0.0:<port>) whatever host TF_CONFIG names; firewall the ports "
+            "on a shared network."
+        )
+        return "\n".join(lines)
+
+
+def choose_mode(options: LaunchOptions, environ: Mapping[str, str]) -> str:
+    """The cluster mode `options.cluster` means in this environment."""
+    if options.cluster != "auto":
+        return options.cluster
+    tf_config_set = bool(environ.get("TF_CONFIG", "").strip())
+    if options.num_workers is not None:
+        if tf_config_set:
+            raise ValueError(
+                "`num_workers` starts a local cluster, but `TF_CONFIG` is already "
+                f"set (a scheduler's cluster?). Received: num_workers="
+                f"{options.num_workers}, TF_CONFIG={environ['TF_CONFIG']!r}. Drop "
+                "`-n` to run the task TF_CONFIG describes, pass `--cluster local` "
+                "to ignore it, or unset TF_CONFIG."
+            )
+        return "local"
+    if tf_config_set:
+        return "tf-config"
+    if _slurm_step_tasks(environ) > 1:
+        return "slurm"
+    raise ValueError(
+        "`num_workers` is required outside a cluster (no TF_CONFIG, no Slurm job "
+        "step with several tasks). Received: num_workers=None. Use e.g. "
+        "`keras-replicator launch -n 2 -- python train.py`."
+    )
+
+
+def plan_cluster(
+    options: LaunchOptions, environ: Mapping[str, str] | None = None
+) -> ClusterPlan:
+    """Decides which workers to start; fresh free ports on each call (local mode)."""
+    environ = os.environ if environ is None else environ
+    mode = choose_mode(options, environ)
+    if mode == "local":
+        return _plan_local(options)
+    if mode == "tf-config":
+        raw = environ.get("TF_CONFIG", "").strip()
+        if not raw:
+            raise ValueError(
+                "`TF_CONFIG` must be set with `cluster='tf-config'`. Received: "
+                "TF_CONFIG unset. Let the scheduler set it, or use `-n N` for "
+                "local workers."
+            )
+        # Passed on byte for byte: TF also reads keys we do not check
+        # ("rpc_layer", "environment").
+        return _plan_task(mode, parse_tf_config(raw), raw, options, {})
+    config, env = resolve_slurm(options.port_base, environ)
+    return _plan_task(mode, config, json.dumps(config), options, env)
+
+
+def _plan_local(options: LaunchOptions) -> ClusterPlan:
+    num_workers = options.num_workers
+    ports = options.ports
+    if ports is not None:
+        check_ports_free(
+            [(f"ports[{i}]", port) for i, port in enumerate(ports)], "ports"
+        )
+    else:
+        ports = free_ports(num_workers, "127.0.0.1")
+    configs = tf_configs(num_workers, host=options.host, ports=ports)
+    specs = tuple(
+        WorkerSpec(
+            index=index,
+            tf_config=json.dumps(config),
+            env=_worker_env(index, num_workers),
+        )
+        for index, config in enumerate(configs)
+    )
+    return ClusterPlan("local", specs, tuple(configs))
+
+
+def _plan_task(mode, config, raw_tf_config, options, extra_env) -> ClusterPlan:
+    cluster, task = config["cluster"], config["task"]
+    remote = [
+        (f"TF_CONFIG['cluster']['{kind}'][{i}]", address)
+        for kind, addresses in cluster.items()
+        for i, address in enumerate(addresses)
+        if not is_loopback(address.rpartition(":")[0].strip("[]"))
+    ]
+    if remote and not options.allow_remote:
+        field, address = remote[0]
+        raise ValueError(
+            f"`{field}` is {address!r}, reachable from other machines; the "
+            "launcher only runs such clusters with `allow_remote=True` "
+            f"(`--allow-remote`). {REMOTE_WARNING}"
+        )
+    own = cluster[task["type"]][task["index"]]
+    check_ports_free(
+        [(f"TF_CONFIG['cluster']['{task['type']}'][{task['index']}]", own)],
+        "TF_CONFIG",
+    )
+    training = [(kind, i) for kind in _TRAINING_TASKS for i in range(_n(cluster, kind))]
+    key = (task["type"], task["index"])
+    rank = training.index(key) if key in training else None
+    env = dict(extra_env)
+    if rank is not None:
+        env.update(_worker_env(rank, len(training)))
+    spec = WorkerSpec(
+        index=task["index"] if rank is None else rank,
+        tf_config=raw_tf_config,
+        env=env,
+        label=f"{task['type']} {task['index']}",
+    )
+    kinds = [k for k in _TRAINING_TASKS if k in cluster]
+    kinds += [k for k in cluster if k not in _TRAINING_TASKS]
+    all_configs = tuple(
+        {"cluster": cluster, "task": {"type": kind, "index": i}}
+        for kind in kinds
+        for i in range(len(cluster[kind]))
+    )
+    this_task = all_configs.index({"cluster": cluster, "task": dict(task)})
+    return ClusterPlan(mode, (spec,), all_configs, this_task)
+
+
+def _n(cluster, kind):
+    return len(cluster.get(kind, []))
+
+
+def _worker_env(rank: int, count: int) -> dict[str, str]:
+    return {
+        "KERAS_REPLICATOR_WORKER_INDEX": str(rank),
+        "KERAS_REPLICATOR_NUM_WORKERS": str(count),
+    }
+
+
+def parse_tf_config(raw: str) -> dict:
+    """Parses a scheduler's TF_CONFIG, naming the field a worker would choke on.
+
+    Only what the launcher relies on is checked here (JSON, `cluster`, `task`,
+    its type and index); `MultiWorkerReplicator` validates the rest in the worker.
+    """
+    received = f"Received: TF_CONFIG={raw!r}"
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"`TF_CONFIG` must be JSON ({error}). {received}. Expected e.g. "
+            '{"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}, '
+            '"task": {"type": "worker", "index": 0}}.'
+        ) from None
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    if not isinstance(cluster, dict) or not cluster:
+        raise ValueError(
+            "`TF_CONFIG['cluster']` must map task types to lists of "
+            f'"host:port" addresses. {received}.'
+        )
+    for kind, addresses in cluster.items():
+        if not isinstance(addresses, list) or not all(
+            isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses
+        ):
+            raise ValueError(
+                f"`TF_CONFIG['cluster']['{kind}']` must be a list of "
+                f'"host:port" strings. {received}.'
+            )
+    task = config.get("task")
+    if not isinstance(task, dict):
+        raise ValueError(
+            "`TF_CONFIG['task']` is missing: each process must say which task it "
+            f'is, e.g. {{"type": "worker", "index": 0}}. {received}.'
+        )
+    if task.get("type") not in cluster:
+        raise ValueError(
+            "`TF_CONFIG['task']['type']` must be one of the cluster's task types "
+            f"{list(cluster)}. Received: type={task.get('type')!r}. {received}."
+        )
+    index, count = task.get("index"), len(cluster[task["type"]])
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        raise ValueError(
+            f"`TF_CONFIG['task']['index']` must be an integer in [0, {count}) "
+            f"because `TF_CONFIG['cluster']['{task['type']}']` lists {count} "
+            f"address(es). Received: index={index!r}. {received}."
+        )
+    return {"cluster": cluster, "task": {"type": task["type"], "index": index}}
+
+
+def check_ports_free(named_ports, what: str) -> None:
+    """Raises naming the first `(field, port or "host:port")` that is in use."""
+    for field, port in named_ports:
+        number = int(str(port).rpartition(":")[2])
+        if port_in_use(number):
+            raise ValueError(
+                f"`{field}` names port {number}, which is already in use on this "
+                f"machine. Received: {field}={port!r}. Stop the process using it "
+                f"or choose another port in `{what}`."
+            )
+
+
+def _slurm_step_tasks(environ) -> int:
+    raw = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if "SLURM_PROCID" not in environ or not raw.isdigit():
+        return 0
+    return int(raw)
+
+
+def resolve_slurm(port_base: int, environ: Mapping[str, str]) -> tuple[dict, dict]:
+    """This Slurm task's TF_CONFIG and GPU env, from TF's SlurmClusterResolver."""
+    missing = [name for name in _SLURM_VARIABLES if name not in environ]
+    if missing:
+        raise ValueError(
+            f"Slurm mode needs the variables `srun` sets; `{missing[0]}` is not "
+            "set. Run the launcher under `srun` (one task per worker), e.g. "
+            "`srun --ntasks=4 keras-replicator launch -- python train.py`."
+        )
+    command = [
+        sys.executable,
+        "-m",
+        "keras_replicator.launch._slurm",
+        "--port-base",
+        str(port_base),
+    ]
+    child_env = dict(environ)
+    child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    done = subprocess.run(
+        command, env=child_env, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        detail = done.stderr.strip().splitlines()
+        raise ValueError(
+            "Slurm's environment does not describe a cluster TensorFlow's "
+            f"SlurmClusterResolver can use: {detail[-1] if detail else done}. Run "
+            "the launcher under `srun` (one task per worker), e.g. "
+            "`srun --ntasks=4 keras-replicator launch -- python train.py`."
+        )
+    resolved = json.loads(done.stdout.strip().splitlines()[-1])
+    return parse_tf_config(json.dumps(resolved["tf_config"])), resolved["env"]

@@ -1,0 +1,192 @@
+"""`launch()`: run a command as a worker group, restarting the group after failures.
+
+Restarts are a layer on top of the one-run supervisor (`run_group`): after a
+failure the whole group is stopped and started again with fresh ports, because a
+synchronous job cannot continue with a replaced member (its collectives and the
+coordination service are bound to the old processes). Training then resumes from
+the last `keras_replicator.callbacks.BackupAndRestore` backup. Each worker sees
+`KERAS_REPLICATOR_RESTART_COUNT` (0 on the first run), like torchrun's
+`TORCHELASTIC_RESTART_COUNT`.
+
+Restarts are only offered in `local` mode: in `tf-config` / `slurm` mode this
+launcher runs one task of a group that spans machines, so restarting it alone
+cannot restart the group; there the scheduler restarts (TFJob `restartPolicy`,
+`sbatch --requeue`) and `BackupAndRestore` resumes the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+
+from keras_replicator.launch._cluster import plan_cluster
+from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
+from keras_replicator.launch._results import LaunchResult
+from keras_replicator.launch._runner import run_group
+
+RESTART_COUNT_ENV = "KERAS_REPLICATOR_RESTART_COUNT"
+
+
+def launch(
+    command: Sequence[str],
+    num_workers: int | None = None,
+    *,
+    cluster: str = "auto",
+    max_restarts: int = 0,
+    timeout: float | None = None,
+    host: str = "127.0.0.1",
+    allow_remote: bool = False,
+    ports: Sequence[int] | None = None,
+    port_base: int = 8888,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    echo: bool = True,
+    grace_seconds: float = 5.0,
+    dry_run: bool = False,
+) -> LaunchResult:
+    """Runs `command` as the workers of one cluster (`keras-replicator launch`).
+
+    Every option is also a flag of `keras-replicator launch` (`max_restarts` is
+    `--max-restarts`). Workers get a `TF_CONFIG`, `KERAS_REPLICATOR_WORKER_INDEX`,
+    `KERAS_REPLICATOR_NUM_WORKERS` and `KERAS_REPLICATOR_RESTART_COUNT`; their
+    output is echoed as `[worker i] ...`; the first worker to fail stops the others.
+
+    Args:
+        command: The program and its arguments, e.g. `["python", "train.py"]`.
+        num_workers: Worker processes to start on this machine. Defaults to
+            `None`: required unless a scheduler describes the cluster (`TF_CONFIG`
+            or a Slurm job step).
+        cluster: `"auto"`, `"local"`, `"tf-config"` (run the one task a
+            scheduler's `TF_CONFIG` describes) or `"slurm"` (one task of an
+            `srun` step, via TF's `SlurmClusterResolver`). Defaults to `"auto"`:
+            `TF_CONFIG` if set, else Slurm, else local.
+        max_restarts: How many times to restart the whole group after a failure
+            (local mode only). Defaults to `0`.
+        timeout: Seconds for all runs together before everything is stopped.
+            Defaults to `None` (no limit).
+        host: Address the local workers advertise to each other. Defaults to
+            `"127.0.0.1"`; anything else needs `allow_remote=True`.
+        allow_remote: Allow worker addresses other machines can reach (a
+            non-loopback `host`, or a scheduler's cluster). Warns: TF's gRPC has
+            no authentication. Defaults to `False`.
+        ports: One port per local worker. Defaults to `None` (free ports, new
+            ones for each restart).
+        port_base: First port of each node in Slurm mode. Defaults to `8888`
+            (TensorFlow's default).
+        env: Extra environment variables for the workers. Defaults to `None`.
+        cwd: Working directory of the workers. Defaults to `None` (this one's).
+        echo: Print the workers' output and the launcher's notes. Defaults to
+            `True`.
+        grace_seconds: Seconds between SIGTERM and SIGKILL when stopping workers.
+            Defaults to `5.0`.
+        dry_run: Print each worker's `TF_CONFIG` and start nothing. Defaults to
+            `False`.
+
+    Returns:
+        The `LaunchResult` of the last run: `.ok`, `.restarts`, `.previous` (the
+        failed runs), and per worker `.returncode`, `.output`, `.traceback`.
+
+    Raises:
+        ValueError: For invalid options or an unusable cluster description; the
+            message names the argument or `TF_CONFIG` field.
+
+    Example:
+    >>> import sys
+    >>> from keras_replicator.launch import launch
+    >>> code = "import os; print(os.environ['KERAS_REPLICATOR_WORKER_INDEX'])"
+    >>> result = launch([sys.executable, "-c", code], 2, echo=False)
+    >>> result.ok, [w.output.strip() for w in result.workers]
+    (True, ['0', '1'])
+    """
+    options = LaunchOptions(
+        num_workers=num_workers,
+        cluster=cluster,
+        max_restarts=max_restarts,
+        timeout=timeout,
+        host=host,
+        allow_remote=allow_remote,
+        ports=ports,
+        port_base=port_base,
+        grace_seconds=grace_seconds,
+        echo=echo,
+        dry_run=dry_run,
+        env=env,
+        cwd=cwd,
+    )
+    return launch_with_options(command, options)
+
+
+def launch_with_options(command: Sequence[str], options: LaunchOptions) -> LaunchResult:
+    """`launch()` with its options already gathered (the CLI's entry point)."""
+    command = _check_command(command)
+    plan = plan_cluster(options)
+    if options.max_restarts and plan.mode != "local":
+        raise ValueError(
+            f"`max_restarts` restarts the whole local group, but this launcher "
+            f"runs one task of a {plan.mode!r} cluster that spans machines. "
+            f"Received: max_restarts={options.max_restarts}. Use the scheduler's "
+            "restarts (TFJob restartPolicy: OnFailure, `sbatch --requeue`); "
+            "BackupAndRestore resumes the same way."
+        )
+    if options.allow_remote and options.echo:
+        warnings.warn(REMOTE_WARNING, UserWarning, stacklevel=3)
+    if options.dry_run:
+        print(plan.describe(command))
+        return LaunchResult(workers=(), timed_out=False, seconds=0.0)
+
+    started = time.monotonic()
+    failed_runs: list[LaunchResult] = []
+    attempt = 0
+    while True:
+        remaining = None
+        if options.timeout is not None:
+            remaining = options.timeout - (time.monotonic() - started)
+        specs = [
+            dataclasses.replace(spec, env={**spec.env, RESTART_COUNT_ENV: str(attempt)})
+            for spec in plan.specs
+        ]
+        result = run_group(
+            command,
+            specs,
+            timeout=remaining if remaining is None else max(remaining, 0.0),
+            env=options.env,
+            cwd=options.cwd,
+            echo=options.echo,
+            grace_seconds=options.grace_seconds,
+        )
+        if result.ok or result.timed_out or attempt >= options.max_restarts:
+            break
+        attempt += 1
+        failed_runs.append(result)
+        if options.echo:
+            _note(
+                f"{result.headline()}. Restarting all {len(specs)} workers "
+                f"(restart {attempt} of {options.max_restarts})."
+            )
+        plan = plan_cluster(options)  # fresh ports: the old ones may linger
+    return dataclasses.replace(result, restarts=attempt, previous=tuple(failed_runs))
+
+
+def _check_command(command) -> list[str]:
+    if isinstance(command, str) or not command:
+        raise ValueError(
+            "`command` must be a non-empty list: the program and its arguments. "
+            f'Received: command={command!r}. Use e.g. ["python", "train.py"].'
+        )
+    command = [str(part) for part in command]
+    program = command[0]
+    if "/" not in program and shutil.which(program) is None:
+        raise ValueError(
+            f"`command[0]` must be a program on PATH or a path. Received: "
+            f"command[0]={program!r}, which was not found. Check the spelling, "
+            "or give the full path (e.g. sys.executable for this Python)."
+        )
+    return command
+
+
+def _note(message: str) -> None:
+    print(f"keras-replicator launch: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,156 @@
+"""`LaunchOptions`: every option of `keras-replicator launch`, checked up front.
+
+The CLI flags, `launch()` and `launch_function()` share these options, so one
+frozen dataclass validates them all before any process starts: a typo in
+`--max-restarts` should fail in a millisecond, not after the first worker crashed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+from collections.abc import Mapping, Sequence
+
+CLUSTER_MODES = ("auto", "local", "tf-config", "slurm")
+DEFAULT_SLURM_PORT_BASE = 8888  # TensorFlow's SlurmClusterResolver default.
+
+REMOTE_WARNING = (
+    "TensorFlow's gRPC servers have no authentication or encryption: any machine "
+    "that can reach the workers' ports can send them work. Run only on a trusted "
+    "network, or firewall the ports."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """How to start and supervise a group of workers (see `launch()` for each field).
+
+    Example:
+    >>> from keras_replicator.launch import LaunchOptions
+    >>> LaunchOptions(num_workers=2, max_restarts=1).max_restarts
+    1
+    """
+
+    num_workers: int | None = None
+    cluster: str = "auto"
+    max_restarts: int = 0
+    timeout: float | None = None
+    host: str = "127.0.0.1"
+    allow_remote: bool = False
+    ports: tuple[int, ...] | None = None
+    port_base: int = DEFAULT_SLURM_PORT_BASE
+    grace_seconds: float = 5.0
+    echo: bool = True
+    dry_run: bool = False
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+
+    def __post_init__(self):
+        if self.num_workers is not None:
+            _check_int("num_workers", self.num_workers, minimum=1, hint="Use 2")
+        if self.cluster not in CLUSTER_MODES:
+            raise ValueError(
+                f"`cluster` must be one of {list(CLUSTER_MODES)}. "
+                f"Received: cluster={self.cluster!r}. Use 'auto' to pick from the "
+                "environment (TF_CONFIG, then Slurm, then local workers)."
+            )
+        if self.cluster == "local" and self.num_workers is None:
+            raise ValueError(
+                "`num_workers` is required with `cluster='local'`. "
+                "Received: num_workers=None. Use e.g. num_workers=2 (`-n 2`)."
+            )
+        if self.cluster in ("tf-config", "slurm") and self.num_workers is not None:
+            raise ValueError(
+                f"`num_workers` only applies to local workers; with "
+                f"`cluster={self.cluster!r}` the scheduler decides how many there "
+                f"are. Received: num_workers={self.num_workers}. Drop `-n`."
+            )
+        _check_int("max_restarts", self.max_restarts, minimum=0, hint="Use 0")
+        _check_seconds("timeout", self.timeout, allow_none=True)
+        _check_seconds("grace_seconds", self.grace_seconds, allow_none=False)
+        if not isinstance(self.host, str) or not self.host:
+            raise TypeError(
+                "`host` must be a host name or IP address string. "
+                f"Received: host={self.host!r}. Use '127.0.0.1'."
+            )
+        if not self.allow_remote and not is_loopback(self.host):
+            raise ValueError(
+                "`host` must be a loopback address unless `allow_remote=True` "
+                f"(`--allow-remote`). Received: host={self.host!r}. " + REMOTE_WARNING
+            )
+        if self.ports is not None:
+            object.__setattr__(self, "ports", tuple(self.ports))
+            for position, port in enumerate(self.ports):
+                _check_port(f"ports[{position}]", port)
+            if self.num_workers is not None and len(self.ports) != self.num_workers:
+                raise ValueError(
+                    f"`ports` must list one port per worker ({self.num_workers}). "
+                    f"Received: ports={list(self.ports)}. Give {self.num_workers} "
+                    "ports or leave `ports` unset to use free ones."
+                )
+            if len(set(self.ports)) != len(self.ports):
+                raise ValueError(
+                    "`ports` must be distinct: each worker needs its own. "
+                    f"Received: ports={list(self.ports)}."
+                )
+        _check_port("port_base", self.port_base)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback interface."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_int(name, value, *, minimum, hint):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"`{name}` must be an integer. Received: {name}={value!r}. "
+            f"{hint}, for example."
+        )
+    if value < minimum:
+        raise ValueError(
+            f"`{name}` must be at least {minimum}. Received: {name}={value}. "
+            f"{hint}, for example."
+        )
+
+
+def _check_seconds(name, value, *, allow_none):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"`{name}` must be a number of seconds. Received: {name}={value!r}."
+        )
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(
+            f"`{name}` must be a positive number of seconds. "
+            f"Received: {name}={value!r}."
+            + (" Use None for no limit." if allow_none else "")
+        )
+
+
+def _check_port(name, port):
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(
+            f"`{name}` must be a TCP port number in [1, 65535]. "
+            f"Received: {name}={port!r}."
+        )
+
+
+def parse_ports(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """`"5000,5001"` (the CLI form) or a sequence of ints, as a tuple of ints."""
+    if text is None or not isinstance(text, str):
+        return None if text is None else tuple(text)
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(
+            "`ports` must be comma-separated port numbers, e.g. '5000,5001'. "
+            f"Received: ports={text!r}."
+        ) from None

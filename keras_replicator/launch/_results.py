@@ -1,0 +1,153 @@
+"""What a run of a worker group did, and how to say what went wrong.
+
+`first_failure` is the worker that failed first *in time* and on its own (not
+stopped by the launcher): the one to blame, since the others usually fail because
+it did. `headline()` turns the exit timeline into one sentence: who failed first,
+who had already left with exit code 0, who was still running when a collective
+timed out (a hung peer), and whom the launcher stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+
+_TRACEBACK_START = "Traceback (most recent call last):"
+# What TensorFlow reports when a collective outlives its timeout.
+_COLLECTIVE_TIMEOUT_MARKERS = ("DeadlineExceeded", "Collective has timed out")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerResult:
+    """What one worker did.
+
+    Attributes:
+        index: The worker's index in the cluster (its `TF_CONFIG` task index).
+        returncode: Exit code; negative when ended by a signal, `None` if unknown.
+        output: The last lines the worker printed (stdout and stderr).
+        seconds: When it exited, in seconds after the group started.
+        stopped: Whether the launcher stopped it (after another worker failed or
+            at the deadline) rather than it exiting on its own.
+    """
+
+    index: int
+    returncode: int | None
+    output: str
+    seconds: float | None = None
+    stopped: bool = False
+
+    @property
+    def traceback(self) -> str:
+        """The last Python traceback in the output, or `""` if there is none."""
+        start = self.output.rfind(_TRACEBACK_START)
+        return "" if start < 0 else self.output[start:].rstrip()
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchResult:
+    """The outcome of one run of a worker group.
+
+    Attributes:
+        workers: One `WorkerResult` per worker, in index order.
+        timed_out: Whether the deadline stopped the group.
+        seconds: Wall-clock seconds of this run.
+        restarts: How many times the group was restarted before this run.
+        previous: The failed runs before this one (empty without restarts).
+    """
+
+    workers: tuple[WorkerResult, ...]
+    timed_out: bool
+    seconds: float
+    restarts: int = 0
+    previous: tuple[LaunchResult, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(w.returncode == 0 for w in self.workers)
+
+    @property
+    def total_seconds(self) -> float:
+        """Seconds of this run and every earlier (failed) run."""
+        return self.seconds + sum(run.seconds for run in self.previous)
+
+    @property
+    def first_failure(self) -> WorkerResult | None:
+        """The worker that failed first on its own; else any worker that failed."""
+        own = [w for w in self.workers if w.returncode not in (0, None)]
+        own = [w for w in own if not w.stopped]
+        if own:
+            return min(own, key=lambda w: (w.seconds is None, w.seconds or 0.0))
+        for worker in self.workers:
+            if worker.returncode not in (0, None) and worker.returncode >= 0:
+                return worker
+        for worker in self.workers:
+            if worker.returncode != 0:
+                return worker
+        return None
+
+    def headline(self) -> str:
+        """One sentence: what went wrong and who started it."""
+        if self.ok:
+            return f"all {len(self.workers)} workers succeeded"
+        if self.timed_out:
+            return (
+                f"workers timed out after {self.seconds:.0f} s and were stopped"
+                + _still_running_note(self.workers)
+            )
+        failure = self.first_failure
+        when = "" if failure.seconds is None else f" after {failure.seconds:.1f} s"
+        head = (
+            f"worker {failure.index} exited with code "
+            f"{_describe_code(failure.returncode)}{when}, the first to fail"
+        )
+        early = [
+            w
+            for w in self.workers
+            if w.returncode == 0
+            and w.seconds is not None
+            and failure.seconds is not None
+            and w.seconds < failure.seconds
+        ]
+        if early:
+            names = ", ".join(f"{w.index} (at {w.seconds:.1f} s)" for w in early)
+            head += f"; before that, worker(s) {names} had exited with code 0"
+        stopped = [w.index for w in self.workers if w.stopped]
+        if stopped and any(m in failure.output for m in _COLLECTIVE_TIMEOUT_MARKERS):
+            head += (
+                f"; it timed out waiting for its peers in a collective while "
+                f"worker(s) {stopped} were still running: they stopped answering "
+                "(hung, or stuck outside training)"
+            )
+        if stopped:
+            head += f"; the launcher stopped worker(s) {stopped}"
+        return head
+
+    def describe_failure(self) -> str:
+        """The headline, then each worker's output tail (the failing one first)."""
+        if self.ok:
+            return "all workers succeeded"
+        failure = self.first_failure
+        order = sorted(self.workers, key=lambda w: w is not failure)
+        tails = "\n".join(
+            f"--- worker {w.index} (exit {_describe_code(w.returncode)}"
+            f"{', stopped by the launcher' if w.stopped else ''}) ---\n"
+            f"{w.output[-6000:]}"
+            for w in order
+        )
+        return f"{self.headline()}\n{tails}"
+
+
+def _describe_code(code: int | None) -> str:
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+def _still_running_note(workers) -> str:
+    exited = [w.index for w in workers if not w.stopped]
+    return f" (worker(s) {exited} had already exited)" if exited else ""

@@ -1,0 +1,178 @@
+"""ModelCheckpoint: the chief writes, atomically; the same path on every worker."""
+
+import inspect
+import os
+import sys
+import textwrap
+import types
+
+import keras
+import numpy as np
+import pytest
+
+from keras_replicator.callbacks import ModelCheckpoint
+from keras_replicator.callbacks import model_checkpoint as module
+from keras_replicator.launch import run_workers
+from keras_replicator.testing import _workloads
+
+
+def _fit(model, callbacks, epochs=2, **kwargs):
+    x, y = _workloads.classification_data(64)
+    return model.fit(
+        x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=callbacks, **kwargs
+    )
+
+
+def test_is_the_keras_callback_with_the_same_arguments():
+    assert issubclass(ModelCheckpoint, keras.callbacks.ModelCheckpoint)
+    ours = inspect.signature(ModelCheckpoint.__init__)
+    stock = inspect.signature(keras.callbacks.ModelCheckpoint.__init__)
+    assert ours == stock
+
+
+def test_the_keras_hooks_we_rely_on_still_exist():
+    # If Keras renames these, our override would silently stop being called.
+    for name in ("_save_model", "_get_file_path", "_should_save_model"):
+        assert callable(getattr(keras.callbacks.ModelCheckpoint, name)), name
+    params = inspect.signature(keras.callbacks.ModelCheckpoint._save_model)
+    assert list(params.parameters) == ["self", "epoch", "batch", "logs"]
+
+
+@pytest.mark.filterwarnings("ignore:Skipping variable loading for optimizer")
+def test_saves_each_epoch_without_leftovers(tmp_path):
+    pattern = str(tmp_path / "ckpt-{epoch}.weights.h5")
+    model = _workloads.mlp()
+    _fit(model, [ModelCheckpoint(pattern, save_weights_only=True)])
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-1.weights.h5", "ckpt-2.weights.h5"]
+    restored = _workloads.mlp()
+    restored.load_weights(str(tmp_path / "ckpt-2.weights.h5"))
+    for a, b in zip(restored.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_whole_model_and_save_best_only(tmp_path):
+    path = str(tmp_path / "best.keras")
+    model = _workloads.mlp()
+    x, y = _workloads.classification_data(32, seed=1)
+    checkpoint = ModelCheckpoint(path, monitor="val_loss", save_best_only=True)
+    _fit(model, [checkpoint], epochs=3, validation_data=(x, y))
+    assert os.listdir(tmp_path) == ["best.keras"]
+    assert keras.models.load_model(path).count_params() == model.count_params()
+    assert checkpoint.best is not None
+
+
+def test_a_crash_while_saving_keeps_the_previous_file(tmp_path):
+    path = str(tmp_path / "model.weights.h5")
+    model = _workloads.mlp()
+    _fit(model, [ModelCheckpoint(path, save_weights_only=True)], epochs=1)
+    before = open(path, "rb").read()
+
+    def dies_halfway(filepath, overwrite=True):
+        with open(filepath, "wb") as file:
+            file.write(before[: len(before) // 2])
+        raise OSError("disk full halfway")
+
+    model.save_weights = dies_halfway
+    with pytest.raises(OSError, match="disk full halfway"):
+        _fit(model, [ModelCheckpoint(path, save_weights_only=True)], epochs=1)
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == ["model.weights.h5"]
+
+
+def test_an_existing_directory_as_filepath_is_explained(tmp_path):
+    (tmp_path / "model.keras").mkdir()
+    with pytest.raises(IsADirectoryError, match="Received: filepath="):
+        _fit(_workloads.mlp(), [ModelCheckpoint(str(tmp_path / "model.keras"))])
+
+
+def test_temporary_names_are_hidden_siblings_that_keep_the_keras_ending():
+    name = module.temporary_sibling("/ckpt/model.weights.h5")
+    assert name.startswith("/ckpt/.model.kr-tmp-") and name.endswith(".weights.h5")
+    assert module.temporary_sibling("m.keras").endswith(".keras")
+
+
+def test_write_atomically_replaces_in_one_step(tmp_path):
+    path = str(tmp_path / "a.json")
+    module.write_atomically(path, lambda p: open(p, "w").write("old"))
+    with pytest.raises(RuntimeError):
+
+        def fails(p):
+            open(p, "w").write("half")
+            raise RuntimeError("killed")
+
+        module.write_atomically(path, fails)
+    assert open(path).read() == "old" and os.listdir(tmp_path) == ["a.json"]
+
+
+def _stub_model(chief, task_id):
+    extended = types.SimpleNamespace(should_checkpoint=chief)
+    resolver = types.SimpleNamespace(task_id=task_id)
+    strategy = types.SimpleNamespace(extended=extended, cluster_resolver=resolver)
+    return types.SimpleNamespace(distribute_strategy=strategy)
+
+
+def test_a_non_chief_writes_to_scratch_only(tmp_path):
+    written = []
+
+    def write(path):
+        written.append(path)
+        open(path, "w").write("x")
+
+    target = str(tmp_path / "model.keras")
+    module.save_for_worker(_stub_model(False, 1), target, write)
+    assert not os.path.exists(target)
+    assert "kr-worker1-scratch-" in written[0] and not os.path.exists(written[0])
+    module.save_for_worker(_stub_model(True, 0), target, write)
+    assert os.path.exists(target)
+
+
+def test_chief_and_index_come_from_the_strategy():
+    model = _workloads.mlp()
+    assert module.is_chief(model)
+
+
+SHARED_PATH_WORKER = textwrap.dedent(
+    """
+    import os, sys
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras_replicator as kr
+    from keras_replicator.callbacks import BackupAndRestore, ModelCheckpoint
+    from keras_replicator.testing import _workloads
+
+    out = sys.argv[1]
+    strategy = kr.MultiWorkerReplicator()
+    with strategy.scope():
+        model = _workloads.mlp()
+    x, y = _workloads.classification_data(256)
+    vx, vy = _workloads.classification_data(64, seed=1)
+    callbacks = [
+        ModelCheckpoint(os.path.join(out, "best.keras"), save_best_only=True),
+        ModelCheckpoint(os.path.join(out, "w.weights.h5"), save_weights_only=True,
+                        save_freq=2),
+        BackupAndRestore(os.path.join(out, "backup"), double_checkpoint=True,
+                         delete_checkpoint=False),
+    ]
+    model.fit(x, y, batch_size=64, epochs=3, validation_data=(vx, vy), verbose=0,
+              callbacks=callbacks)
+    print("TRAINED", kr.callbacks.model_checkpoint.is_chief(model))
+    """
+)
+
+
+@pytest.mark.multi_worker
+@pytest.mark.timeout(400)
+def test_two_workers_share_one_path(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SHARED_PATH_WORKER)
+    out = tmp_path / "out"
+    result = run_workers(
+        [sys.executable, str(script), str(out)], 2, timeout=300, echo=False
+    )
+    assert result.ok, result.describe_failure()
+    assert "TRAINED True" in result.workers[0].output
+    assert "TRAINED False" in result.workers[1].output
+    assert sorted(os.listdir(out)) == ["backup", "best.keras", "w.weights.h5"]
+    keras.models.load_model(str(out / "best.keras"))
+    backup = sorted(os.listdir(out / "backup"))
+    assert backup[-2:] == ["training_metadata.json", "training_metadata.json.bkp"]
+    assert len(backup) == 4  # the latest and the previous weights
