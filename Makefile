@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install lint format test test-slow conformance demo bench clean
+.PHONY: install lint format test test-slow notebooks conformance demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,demo]"
+	$(PY) -m pip install --quiet -e ".[dev,demo,notebooks]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -25,6 +25,9 @@ test: lint
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
+
+notebooks: install
+	$(PY) -m pytest -q -m notebook
 
 conformance: install
 	$(VENV)/bin/keras-replicator test --isolate-stock

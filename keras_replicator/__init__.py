@@ -22,8 +22,10 @@ _LAZY = {
 }
 _SUBMODULES = (
     "callbacks",
+    "data",
     "launch",
     "layers",
+    "models",
     "optimizers",
     "replica",
     "schedules",

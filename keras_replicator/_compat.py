@@ -23,6 +23,7 @@ from keras.src.backend.tensorflow import optimizer as _tf_optimizer
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.layers.normalization import batch_normalization as _bn_module
 from keras.src.losses import loss as _loss_module
+from keras.src.optimizers import base_optimizer as _base_optimizer
 
 # Source digests of the Keras internals we replace, for keras==3.15.1. A mismatch means
 # upstream changed code we stand in for: re-read it and update the patch and digest.
@@ -36,6 +37,7 @@ UPSTREAM_DIGESTS = {
     "loss.scale_loss_for_distribution": "143cd8a5efb6cb17",
     "loss.unscale_loss_for_distribution": "3903c7ed7f69c5ac",
     "TFOptimizer._all_reduce_sum_gradients": "953512efa56c9680",
+    "BaseOptimizer.scale_loss": "65f5300733dfc146",
     # callbacks/model_checkpoint.py overrides the one method Keras writes in and
     # calls the two that decide what to write (no public hook exists).
     "ModelCheckpoint._save_model": "a9be0a24277ff179",
@@ -71,6 +73,7 @@ def _upstream_objects():
         "TFOptimizer._all_reduce_sum_gradients": _original(
             _tf_optimizer.TFOptimizer._all_reduce_sum_gradients
         ),
+        "BaseOptimizer.scale_loss": _original(_base_optimizer.BaseOptimizer.scale_loss),
         "ModelCheckpoint._save_model": _stock_checkpoint()._save_model,
         "ModelCheckpoint._get_file_path": _stock_checkpoint()._get_file_path,
         "ModelCheckpoint._should_save_model": _stock_checkpoint()._should_save_model,
@@ -133,6 +136,20 @@ def check_upstream() -> dict[str, str]:
         changed["BatchNormalization.call"] = "no longer calls self._moments"
     if "self._loss_tracker" not in inspect.getsource(_tf_trainer.TensorFlowTrainer):
         changed["TensorFlowTrainer._loss_tracker"] = "no longer used by train_step"
+    if "self._distributed_dataset = dataset" not in inspect.getsource(
+        _tf_trainer.TFEpochIterator
+    ):
+        changed["TFEpochIterator._distributed_dataset"] = "attribute renamed"
+    from tensorflow.python.distribute import values as _values
+
+    if "self._value_specs" not in inspect.getsource(_values.PerReplicaSpec):
+        changed["PerReplicaSpec._value_specs"] = "attribute renamed"
+    from keras.src.trainers import trainer as _base_trainer
+
+    if "def to_symbolic_input" not in inspect.getsource(
+        _base_trainer.Trainer._symbolic_build
+    ):
+        changed["Trainer._symbolic_build"] = "no longer maps the batch to specs"
     return changed
 
 
@@ -221,6 +238,7 @@ def install() -> None:
         _patch_trainer()
         _patch_loss_scaling()
         _patch_gradient_all_reduce()
+        _patch_optimizer_loss_scaling()
         _patch_progress_bar()
         _patch_distributed_dataset_length()
         _installed = True
@@ -289,18 +307,27 @@ def _patch_trainer():
             _validation.check_model_in_scope(self, strategy)
             if self._distribute_strategy is None or iterator is None:
                 return original(self, iterator=iterator, data_batch=data_batch)
-            for _, _, it in iterator:
-                batch = next(it)
-                _validation.check_batch_covers_replicas(batch, strategy)
-                data_batch = tf.nest.map_structure(
-                    lambda v: (
-                        strategy.experimental_local_results(v)[0]
-                        if isinstance(v, tf.distribute.DistributedValues)
-                        else v
-                    ),
-                    batch,
-                )
-                break
+            # Build from the input's specs when they are plain tensors: taking a
+            # batch would start an extra pass over the dataset, and a seeded
+            # `shuffle` then gives every epoch the order of the next one (one
+            # device does not peek, so its epochs differ from the replicas').
+            data_batch = _replica_input_specs(iterator)
+            if data_batch is not None:
+                batch_size = getattr(iterator.data_adapter, "batch_size", None)
+                _validation.check_global_batch_size(batch_size, strategy)
+            else:
+                for _, _, it in iterator:
+                    batch = next(it)
+                    _validation.check_batch_covers_replicas(batch, strategy)
+                    data_batch = tf.nest.map_structure(
+                        lambda v: (
+                            strategy.experimental_local_results(v)[0]
+                            if isinstance(v, tf.distribute.DistributedValues)
+                            else v
+                        ),
+                        batch,
+                    )
+                    break
             with strategy.scope():
                 self._symbolic_build(data_batch=data_batch)
 
@@ -310,6 +337,31 @@ def _patch_trainer():
     _replace(trainer, "make_test_function", make_test)
     _replace(trainer, "make_predict_function", make_predict)
     _replace(trainer, "_maybe_symbolic_build", symbolic_build)
+
+
+def _replica_input_specs(epoch_iterator):
+    """One replica's `tf.TensorSpec` structure of the distributed input, or None.
+
+    None when the input is not a distributed dataset of plain tensors (ragged or
+    sparse components, generators): the caller then takes a real batch.
+    """
+    dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    if dataset is None:
+        return None
+    try:
+        spec = dataset.element_spec
+    except (AttributeError, NotImplementedError):
+        return None
+    leaves = []
+    for leaf in tf.nest.flatten(spec):
+        # `PerReplicaSpec` keeps each replica's spec in `_value_specs` (no public
+        # accessor; tensorflow/python/distribute/values.py).
+        per_replica = getattr(leaf, "_value_specs", None)
+        leaf = per_replica[0] if per_replica else leaf
+        if type(leaf) is not tf.TensorSpec:
+            return None
+        leaves.append(leaf)
+    return tf.nest.pack_sequence_as(spec, leaves)
 
 
 def _patch_loss_scaling():
@@ -326,6 +378,32 @@ def _patch_loss_scaling():
 
     _replace(_loss_module, "scale_loss_for_distribution", scale)
     _replace(_loss_module, "unscale_loss_for_distribution", scale)
+
+
+def _patch_optimizer_loss_scaling():
+    # Weighting replicas by sample count after differentiation is wrong when the
+    # forward pass communicates (synchronized batch norm): a collective's backward
+    # pass sums the other replicas' unweighted upstream gradients. Keras' train_step
+    # (and our XLA step) ask the optimizer to scale the loss inside the tape, so under
+    # our strategies that is where each replica's loss gets its sample count
+    # (strategies/_sample_count.py). No upstream issue: stock Keras divides by the
+    # replica count there, which is equally inexact for uneven splits.
+    from keras_replicator.strategies import _sample_count
+
+    def scale(original):
+        def scale_loss(self, loss):
+            loss = original(self, loss)
+            if _current_strategy_is_replicator():
+                loss = _sample_count.scale_loss_by_sample_count(loss)
+            return loss
+
+        return scale_loss
+
+    # Not LossScaleOptimizer's: multiplying a float16 model's already loss-scaled
+    # loss by the sample count overflows its gradients (steps get skipped), so
+    # mixed_float16 keeps weighting after differentiation (exact unless the forward
+    # pass communicates and the split is uneven).
+    _replace(_base_optimizer.BaseOptimizer, "scale_loss", scale)
 
 
 def _patch_gradient_all_reduce():

@@ -155,7 +155,10 @@ def _native(function_name: str, call):
             "inside a branch or loop that depends on the replica (e.g. `tf.cond` on "
             "`replica_id()`), where some replicas would skip it and the others would "
             "wait forever. Call it unconditionally and select the result instead "
-            "(e.g. `tf.where(replica_id() == 0, reduced, x)`)."
+            "(e.g. `tf.where(replica_id() == 0, reduced, x)`). It also cannot run "
+            "inside a nested `tf.function`, such as the XLA-compiled forward pass of "
+            "`model.compile(jit_compile=True)`: models with cross-replica layers "
+            "(`SyncBatchNormalization`) need `jit_compile=False`."
         ) from error
 
 

@@ -32,18 +32,38 @@ class Throughput(keras.callbacks.Callback):
     `host_seconds_spread` (slowest worker's time outside the step / median). The
     epoch logs get the epoch's average `examples_per_second`.
 
+    Under keras_replicator strategies the examples are counted exactly inside the
+    step (a short last batch counts what it holds). Elsewhere (one device, stock
+    strategies) pass `batch_size`: each batch then counts as that many examples.
+
     Args:
         every_n_steps: Measure every this many batches. Defaults to `50`.
         straggler_ratio: Warn when a worker's time outside the step is this many
             times the median (and at least 10 ms above it). Defaults to `1.5`.
+        batch_size: The global batch size, used to count examples when the model
+            is not under a keras_replicator strategy. Defaults to `None`.
 
     Example:
     >>> import keras_replicator as kr
     >>> callback = kr.callbacks.Throughput(every_n_steps=50)
     """
 
-    def __init__(self, every_n_steps: int = 50, straggler_ratio: float = 1.5):
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        straggler_ratio: float = 1.5,
+        batch_size: int | None = None,
+    ):
         super().__init__()
+        if batch_size is not None and (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or batch_size < 1
+        ):
+            raise ValueError(
+                "`batch_size` must be a positive integer or None. "
+                f"Received: batch_size={batch_size!r}."
+            )
         if (
             isinstance(every_n_steps, bool)
             or not isinstance(every_n_steps, int)
@@ -60,10 +80,24 @@ class Throughput(keras.callbacks.Callback):
             )
         self.every_n_steps = every_n_steps
         self.straggler_ratio = straggler_ratio
+        self.batch_size = batch_size
         self.stragglers: list[int] = []
         self._gather = None
 
     def on_train_begin(self, logs=None):
+        from keras_replicator import _compat
+
+        counted = _compat.is_replicator(self.model.distribute_strategy)
+        if not counted and self.batch_size is None:
+            raise ValueError(
+                "`Throughput` counts examples inside the step only under keras_"
+                "replicator strategies. Received: a model under "
+                f"{type(self.model.distribute_strategy).__name__} and "
+                "batch_size=None. Pass `batch_size` (the global batch) or build "
+                "the model under `kr.auto()`."
+            )
+        self._counted = counted
+        self._batches = self._epoch_first_batch = 0
         self._inside_seconds = 0.0
         self._unwrapped = self.model.train_function
 
@@ -80,6 +114,7 @@ class Throughput(keras.callbacks.Callback):
         self.model.train_function = self._unwrapped
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_first_batch = self._batches
         self._epoch_start = time.perf_counter()
         self._epoch_samples = self._samples()
         self._window_start = self._epoch_start
@@ -87,6 +122,9 @@ class Throughput(keras.callbacks.Callback):
         self._window_inside = self._inside_seconds
 
     def on_train_batch_end(self, batch, logs=None):
+        # `batch` is the epoch's last step so far (several per call with
+        # `steps_per_execution`).
+        self._batches = self._epoch_first_batch + batch + 1
         if (batch + 1) % self.every_n_steps == 0:
             now = time.perf_counter()
             samples = self._samples()
@@ -111,6 +149,8 @@ class Throughput(keras.callbacks.Callback):
             logs["examples_per_second"] = samples / seconds
 
     def _samples(self) -> float:
+        if not self._counted:
+            return float(self._batches * self.batch_size)
         seen = _sample_counter.samples_seen(self.model)
         return 0.0 if seen is None else seen
 
@@ -143,6 +183,7 @@ class Throughput(keras.callbacks.Callback):
         return {
             "every_n_steps": self.every_n_steps,
             "straggler_ratio": self.straggler_ratio,
+            "batch_size": self.batch_size,
         }
 
 

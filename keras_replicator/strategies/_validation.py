@@ -42,3 +42,15 @@ def check_batch_covers_replicas(batch, strategy, batch_size=None) -> None:
         f"(this worker's share of the first batch: {sum(rows)}). Use a batch size of "
         f"at least {replicas}, ideally a multiple of {replicas}."
     )
+
+
+def check_global_batch_size(batch_size, strategy) -> None:
+    """Raises if a known global `batch_size` leaves some replica without samples."""
+    replicas = strategy.num_replicas_in_sync
+    if batch_size is None or batch_size >= replicas:
+        return
+    raise ValueError(
+        f"The global batch must hold at least one sample per replica ({replicas} "
+        f"replicas). Received: batch_size={batch_size}. Use a batch size of at "
+        f"least {replicas}, ideally a multiple of {replicas}."
+    )

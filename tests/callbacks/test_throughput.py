@@ -47,9 +47,32 @@ def test_logs_examples_per_second_on_replicas():
     assert all(e["examples_per_second"] > 0 for e in recorder.epochs)
 
 
+def test_one_device_counts_batches_of_the_given_size():
+    model = w.mlp()
+    x, y = w.classification_data(1024)
+    recorder = _Recorder()
+    throughput = Throughput(every_n_steps=4, batch_size=64)
+    model.fit(
+        x, y, batch_size=64, epochs=2, verbose=0, callbacks=[throughput, recorder]
+    )
+    assert throughput._samples() == 2 * 1024
+    assert all(e["examples_per_second"] > 0 for e in recorder.epochs)
+
+
+def test_one_device_without_batch_size_is_a_clear_error():
+    model = w.mlp()
+    x, y = w.classification_data(64)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        model.fit(x, y, batch_size=64, verbose=0, callbacks=[Throughput()])
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"every_n_steps": 0}, "every_n_steps"), ({"straggler_ratio": 1.0}, "ratio")],
+    [
+        ({"every_n_steps": 0}, "every_n_steps"),
+        ({"straggler_ratio": 1.0}, "ratio"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
 )
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -1,0 +1,29 @@
+"""Executes every notebook in `notebooks/` top to bottom, as CI does (`make notebooks`).
+
+Each runs in a fresh Python kernel of this environment, with its working directory
+set to `notebooks/`, on the small CPU settings the notebooks pick when no TPU or GPU
+is present. A cell that raises fails the test with the cell's traceback.
+"""
+
+import pathlib
+
+import pytest
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path):
+    import nbclient
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=900,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    client.execute()
