@@ -5,10 +5,12 @@ internals we replace or read against the pinned versions, and the test
 `tests/test_compat.py` fails loudly when they change, so a Keras or TensorFlow upgrade
 cannot silently route around our fixes.
 
-The Keras patches are installed once (`install()`, called by every Replicator strategy's
-constructor) and only change behaviour when the model's strategy is a Replicator
-strategy: stock strategies keep stock Keras behaviour, which is what lets the
-conformance suite compare the two side by side.
+This module is a leaf: it imports nothing from keras_replicator. The Keras patches are
+installed once (`install(hooks)`, called by `strategies/_keras_integration.install()`
+from every Replicator strategy's constructor); they ask `hooks` what to do, and only
+change behaviour when the model's strategy is a Replicator strategy: stock strategies
+keep stock Keras behaviour, which is what lets the conformance suite compare the two
+side by side.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ UPSTREAM_DIGESTS = {
     "loss.unscale_loss_for_distribution": "3903c7ed7f69c5ac",
     "TFOptimizer._all_reduce_sum_gradients": "953512efa56c9680",
     "BaseOptimizer.scale_loss": "65f5300733dfc146",
+    "BaseOptimizer.apply": "43097be63b919d03",
     # callbacks/model_checkpoint.py overrides the one method Keras writes in and
     # calls the two that decide what to write (no public hook exists).
     "ModelCheckpoint._save_model": "a9be0a24277ff179",
@@ -74,6 +77,7 @@ def _upstream_objects():
             _tf_optimizer.TFOptimizer._all_reduce_sum_gradients
         ),
         "BaseOptimizer.scale_loss": _original(_base_optimizer.BaseOptimizer.scale_loss),
+        "BaseOptimizer.apply": _original(_base_optimizer.BaseOptimizer.apply),
         "ModelCheckpoint._save_model": _stock_checkpoint()._save_model,
         "ModelCheckpoint._get_file_path": _stock_checkpoint()._get_file_path,
         "ModelCheckpoint._should_save_model": _stock_checkpoint()._should_save_model,
@@ -157,7 +161,8 @@ def is_replicator(strategy) -> bool:
     return getattr(strategy, "_kr_is_replicator", False)
 
 
-def _current_strategy_is_replicator() -> bool:
+def is_replicator_current() -> bool:
+    """Whether the current (scope or replica context) strategy is one of ours."""
     return is_replicator(tf.distribute.get_strategy())
 
 
@@ -229,18 +234,24 @@ def register_batch_norm_moments_hook() -> None:
         )
 
 
-def install() -> None:
-    """Routes Keras' TensorFlow trainer to our step builders under our strategies."""
+def install(hooks) -> None:
+    """Routes Keras' internals to `hooks`, once per process.
+
+    This module stays a leaf: it knows which internals to replace, never what our
+    replacements do. `hooks` (`strategies/_keras_integration.KerasHooks`) answers
+    for the library; `strategies/_keras_integration.install()` is the caller.
+    """
     global _installed
     with _install_lock:
         if _installed:
             return
-        _patch_trainer()
-        _patch_loss_scaling()
-        _patch_gradient_all_reduce()
-        _patch_optimizer_loss_scaling()
-        _patch_progress_bar()
+        _patch_trainer(hooks)
+        _patch_loss_scaling(hooks)
+        _patch_gradient_all_reduce(hooks)
+        _patch_optimizer_loss_scaling(hooks)
+        _patch_progress_bar(hooks)
         _patch_distributed_dataset_length()
+        _patch_lazy_optimizer_build(hooks)
         _installed = True
 
 
@@ -253,13 +264,11 @@ def _replace(owner, name, make_replacement):
     setattr(owner, name, replacement)
 
 
-def _patch_trainer():
+def _patch_trainer(hooks):
     # keras-team/keras#20585, tensorflow/tensorflow#72388, keras-team/keras#21172:
     # the stock step functions break under MultiWorkerMirroredStrategy, with
     # steps_per_execution > 1 and jit_compile=True under MirroredStrategy, and with
     # string inputs; see strategies/_keras_steps.py for what replaces them.
-    from keras_replicator.strategies import _keras_steps, _validation
-
     trainer = _tf_trainer.TensorFlowTrainer
 
     def make_train(original):
@@ -267,9 +276,7 @@ def _patch_trainer():
             if not is_replicator(self.distribute_strategy):
                 return original(self, force)
             if self.train_function is None or force:
-                self.train_function = _keras_steps.make_train_function(
-                    self, loss_tracker(self)
-                )
+                self.train_function = hooks.make_train_function(self)
             return self.train_function
 
         return make_train_function
@@ -279,9 +286,7 @@ def _patch_trainer():
             if not is_replicator(self.distribute_strategy):
                 return original(self, force)
             if self.test_function is None or force:
-                self.test_function = _keras_steps.make_test_function(
-                    self, loss_tracker(self)
-                )
+                self.test_function = hooks.make_test_function(self)
             return self.test_function
 
         return make_test_function
@@ -291,7 +296,7 @@ def _patch_trainer():
             if not is_replicator(self.distribute_strategy):
                 return original(self, force)
             if self.predict_function is None or force:
-                self.predict_function = _keras_steps.make_predict_function(self)
+                self.predict_function = hooks.make_predict_function(self)
             return self.predict_function
 
         return make_predict_function
@@ -304,7 +309,9 @@ def _patch_trainer():
             strategy = self.distribute_strategy
             if not is_replicator(strategy):
                 return original(self, iterator=iterator, data_batch=data_batch)
-            _validation.check_model_in_scope(self, strategy)
+            hooks.check_model_in_scope(self, strategy)
+            if not hooks.can_build_symbolically(self):
+                return
             if self._distribute_strategy is None or iterator is None:
                 return original(self, iterator=iterator, data_batch=data_batch)
             # Build from the input's specs when they are plain tensors: taking a
@@ -314,11 +321,11 @@ def _patch_trainer():
             data_batch = _replica_input_specs(iterator)
             if data_batch is not None:
                 batch_size = getattr(iterator.data_adapter, "batch_size", None)
-                _validation.check_global_batch_size(batch_size, strategy)
+                hooks.check_global_batch_size(batch_size, strategy)
             else:
                 for _, _, it in iterator:
                     batch = next(it)
-                    _validation.check_batch_covers_replicas(batch, strategy)
+                    hooks.check_batch_covers_replicas(batch, strategy)
                     data_batch = tf.nest.map_structure(
                         lambda v: (
                             strategy.experimental_local_results(v)[0]
@@ -364,15 +371,19 @@ def _replica_input_specs(epoch_iterator):
     return tf.nest.pack_sequence_as(spec, leaves)
 
 
-def _patch_loss_scaling():
+def _patch_loss_scaling(hooks):
     # Keras divides each replica's mean loss by the replica count and sums gradients,
     # which weighs an uneven last batch wrongly and logs a custom train_step's
-    # `compute_loss` result divided by the replica count. Under our strategies losses
-    # stay per-replica means and the gradient all-reduce weights replicas by their
-    # sample counts instead (strategies/_sample_count.py).
+    # `compute_loss` result divided by the replica count. Inside our steps (where a
+    # sample count is declared) losses stay per-replica means and the gradient
+    # all-reduce weights replicas by their sample counts instead
+    # (strategies/_gradients.py). Elsewhere (a plain `strategy.run` loop) the stock
+    # contract holds: its optimizer sums, so the loss keeps its 1/N.
     def scale(original):
         def scale_loss_for_distribution(value):
-            return value if _current_strategy_is_replicator() else original(value)
+            if hooks.keeps_replica_mean_loss():
+                return value
+            return original(value)
 
         return scale_loss_for_distribution
 
@@ -380,7 +391,7 @@ def _patch_loss_scaling():
     _replace(_loss_module, "unscale_loss_for_distribution", scale)
 
 
-def _patch_optimizer_loss_scaling():
+def _patch_optimizer_loss_scaling(hooks):
     # Weighting replicas by sample count after differentiation is wrong when the
     # forward pass communicates (synchronized batch norm): a collective's backward
     # pass sums the other replicas' unweighted upstream gradients. Keras' train_step
@@ -388,14 +399,9 @@ def _patch_optimizer_loss_scaling():
     # our strategies that is where each replica's loss gets its sample count
     # (strategies/_sample_count.py). No upstream issue: stock Keras divides by the
     # replica count there, which is equally inexact for uneven splits.
-    from keras_replicator.strategies import _sample_count
-
     def scale(original):
         def scale_loss(self, loss):
-            loss = original(self, loss)
-            if _current_strategy_is_replicator():
-                loss = _sample_count.scale_loss_by_sample_count(loss)
-            return loss
+            return hooks.scale_loss(original(self, loss))
 
         return scale_loss
 
@@ -406,41 +412,58 @@ def _patch_optimizer_loss_scaling():
     _replace(_base_optimizer.BaseOptimizer, "scale_loss", scale)
 
 
-def _patch_gradient_all_reduce():
-    from keras_replicator.strategies import _gradients
-
+def _patch_gradient_all_reduce(hooks):
+    # Keras sums replica gradients in `TFOptimizer._all_reduce_sum_gradients` and
+    # offers no hook to change how (strategies/_gradients.py: the reduction rule).
     def all_reduce(original):
         def _all_reduce_sum_gradients(self, grads_and_vars):
-            if not _current_strategy_is_replicator():
+            reduced = hooks.all_reduce_gradients(self, grads_and_vars)
+            if reduced is None:
                 return original(self, grads_and_vars)
-            return _gradients.all_reduce_mean(grads_and_vars)
+            return reduced
 
         return _all_reduce_sum_gradients
 
     _replace(_tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients", all_reduce)
 
 
-def _patch_progress_bar():
+def _patch_progress_bar(hooks):
     # N workers would print N progress bars (keras-team/keras has no notion of a
     # chief). Under our multi-worker strategies only the chief prints; its numbers
     # are the global ones.
     import keras
 
-    from keras_replicator.strategies import _roles
-
     def silence_non_chief(original):
         def on_begin(self, logs=None):
             model = getattr(self, "model", None)
-            if model is not None:
-                strategy = model.distribute_strategy
-                if is_replicator(strategy) and not _roles.is_chief(strategy):
-                    self.verbose = 0
+            if model is not None and hooks.silences_output(model):
+                self.verbose = 0
             return original(self, logs)
 
         return on_begin
 
     for event in ("on_train_begin", "on_test_begin", "on_predict_begin"):
         _replace(keras.callbacks.ProgbarLogger, event, silence_non_chief)
+
+
+def _patch_lazy_optimizer_build(hooks):
+    # TF's custom_training tutorial creates the optimizer in scope and lets its first
+    # `apply_gradients` inside `strategy.run` build the slots. In a `tf.function`
+    # replica context Keras 3 then creates the slot variables inside the traced
+    # graph and the step fails ("You must feed a value for placeholder tensor",
+    # under stock MirroredStrategy too; keras-team/keras has no issue for it).
+    # `BaseOptimizer.apply` is where Keras builds lazily: under our strategies the
+    # hook builds first, outside the graph and in the strategy's scope.
+    def build_first(original):
+        def apply(self, grads, trainable_variables=None):
+            if not self.built and trainable_variables is not None:
+                trainable_variables = list(trainable_variables)
+                hooks.build_optimizer_outside_replicas(self, trainable_variables)
+            return original(self, grads, trainable_variables)
+
+        return apply
+
+    _replace(_base_optimizer.BaseOptimizer, "apply", build_first)
 
 
 def _patch_distributed_dataset_length():

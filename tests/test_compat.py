@@ -3,6 +3,7 @@
 import pytest
 
 from keras_replicator import _compat
+from keras_replicator.strategies._keras_integration import install
 
 
 def test_upstream_internals_are_unchanged():
@@ -17,7 +18,7 @@ def test_patches_only_apply_to_replicator_strategies():
     import tensorflow as tf
     from keras.src.losses import loss as loss_module
 
-    _compat.install()
+    install()
     value = tf.constant(8.0)
     stock = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with stock.scope():
@@ -27,12 +28,28 @@ def test_patches_only_apply_to_replicator_strategies():
 def test_install_is_idempotent():
     from keras.src.backend.tensorflow import trainer
 
-    _compat.install()
+    install()
     first = trainer.TensorFlowTrainer.make_train_function
-    _compat.install()
+    install()
     assert trainer.TensorFlowTrainer.make_train_function is first
 
 
 @pytest.mark.parametrize("name", sorted(_compat.UPSTREAM_DIGESTS))
 def test_every_digest_is_recorded(name):
     assert len(_compat.UPSTREAM_DIGESTS[name]) == 16
+
+
+def test_compat_is_a_leaf():
+    # `_compat` only touches internals; importing our modules from it would close
+    # an import cycle (issue 11).
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(_compat))
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in getattr(node, "names", [])
+    ]
+    assert not [m for m in imported if m and m.startswith("keras_replicator")]

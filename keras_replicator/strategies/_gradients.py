@@ -1,59 +1,87 @@
-"""The one gradient all-reduce of our strategies: a sample-weighted mean.
+"""The reduction rule of our strategies' gradient all-reduce.
 
-Every replica multiplies its gradients by its sample count ``n_r`` (or its loss was
-already multiplied, see `_sample_count.scale_loss_by_sample_count`) and the counts
-travel in the same all-reduce, so one fused collective yields
-``sum_r(n_r * g_r) / sum_r(n_r)``: the gradient of the mean loss over the global batch,
-whatever the split (an uneven last batch, a replica with no samples). When no count was
-declared (a custom loop calling ``strategy.run`` directly) every replica weighs 1 and
-the result is the plain mean, which is what a per-replica mean loss needs.
+Two conventions for what a replica's loss means exist, and code written for one
+gives the wrong learning rate under the other:
+
+* **Per-replica mean** (Keras `fit`, TF-Replicator's `wrap_optimizer`): each replica
+  averages over its own samples; the gradients must be *averaged* over replicas.
+* **Share of the global mean** (TensorFlow's custom-loop contract): each replica
+  divides by the global batch (`tf.nn.compute_average_loss`, or a Keras loss object,
+  which divides by `num_replicas_in_sync` inside a replica); the optimizer *sums*.
+
+The rule: where the library knows the convention, because it declared the replica's
+sample count (`fit` / `evaluate` steps, custom `train_step`s inside `fit`,
+`run_steps`) or because the optimizer went through `kr.wrap_optimizer`, gradients
+are averaged, weighted by sample counts: ``sum_r(n_r * g_r) / sum_r(n_r)``, the
+gradient of the global-batch mean whatever the split (an uneven last batch, a replica
+with no samples). Everywhere else (a plain `strategy.run` loop) the stock contract
+holds: gradients are summed and Keras loss objects scale by ``1/N`` (see
+`_keras_integration.KerasHooks`), so code written for stock tf.distribute keeps its
+numbers. Both paths send their bytes through `_communication.all_reduce_sum`.
+
+The weighted mean costs one collective: the counts ride with the gradients. When the
+loss already carries the count (``optimizer.scale_loss``, see `_sample_count`), the
+gradients are only summed before the division.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _sample_count
+from keras_replicator.strategies import _communication, _sample_count
+
+_AVERAGING_ATTRIBUTE = "_kr_averages_replicas"
 
 
-def all_reduce_mean(grads_and_vars):
-    """Sample-weighted mean of gradients across replicas; `None` gradients pass."""
+def mark_averaging(optimizer) -> None:
+    """Makes `optimizer` average gradients over replicas (`kr.wrap_optimizer`)."""
+    setattr(optimizer, _AVERAGING_ATTRIBUTE, True)
+    inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+    if inner is not None:
+        setattr(inner, _AVERAGING_ATTRIBUTE, True)
+
+
+def averages(optimizer, on_replicator: bool) -> bool:
+    """Whether this all-reduce is a weighted mean (else: the stock sum)."""
+    if getattr(optimizer, _AVERAGING_ATTRIBUTE, False):
+        return True
+    return on_replicator and _sample_count.current_sample_count() is not None
+
+
+def all_reduce(grads_and_vars, average: bool):
+    """Reduces `grads_and_vars` over replicas; `None` gradients pass through.
+
+    Args:
+        grads_and_vars: `(gradient, variable)` pairs of one replica.
+        average: The sample-weighted mean if True, else the plain sum.
+
+    Returns:
+        The pairs with reduced gradients, in the same order.
+    """
     grads_and_vars = list(grads_and_vars)
-    context = tf.distribute.get_replica_context()
-    if context is None:
+    if tf.distribute.get_replica_context() is None:
         return grads_and_vars
     present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
     if not present:
         return grads_and_vars
+    gradients = [grads_and_vars[i][0] for i in present]
+    if average:
+        gradients = _weighted_mean(gradients)
+    else:
+        gradients, _ = _communication.all_reduce_sum(gradients)
+    result = list(grads_and_vars)
+    for i, grad in zip(present, gradients):
+        result[i] = (grad, grads_and_vars[i][1])
+    return result
+
+
+def _weighted_mean(gradients):
     count = _sample_count.current_sample_count()
     weight = tf.constant(1.0) if count is None else tf.cast(count, tf.float32)
-    if _sample_count.take_scaled_loss():
-        weighted = {i: grads_and_vars[i][0] for i in present}
-    else:
-        weighted = {i: _scale(grads_and_vars[i][0], weight) for i in present}
-    # One all-reduce per gradient dtype (TF packs a list into one buffer, which needs
-    # a single dtype); the count rides with float32 or float64 gradients, where it
-    # stays exact, or goes alone.
-    groups: dict = {}
-    for i in present:
-        groups.setdefault(_dtype(weighted[i]), []).append(i)
-    carrier = next((d for d in (tf.float32, tf.float64) if d in groups), None)
-    total = None
-    summed = {}
-    for dtype, indices in groups.items():
-        values = [weighted[i] for i in indices]
-        if dtype == carrier:
-            values.append(tf.cast(weight, dtype))
-        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
-        if dtype == carrier:
-            total = reduced.pop()
-        summed.update(zip(indices, reduced))
-    if total is None:
-        total = context.all_reduce(tf.distribute.ReduceOp.SUM, weight)
-    result = list(grads_and_vars)
-    for i in present:
-        result[i] = (_divide(summed[i], total), grads_and_vars[i][1])
-    return result
+    if not _sample_count.take_scaled_loss():
+        gradients = [_scale(g, weight) for g in gradients]
+    summed, (total,) = _communication.all_reduce_sum(gradients, exact=[weight])
+    return [_divide(g, total) for g in summed]
 
 
 def _divide(grad, total):
@@ -66,10 +94,6 @@ def _divide(grad, total):
             grad.dense_shape,
         )
     return grad / tf.cast(total, grad.dtype)
-
-
-def _dtype(grad):
-    return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
 
 
 def _scale(grad, factor):

@@ -1,15 +1,15 @@
 """What every Replicator strategy adds to its stock TensorFlow parent.
 
 The strategies subclass the stock ones (so Keras' own ``isinstance`` checks hold) and
-mix this in: it installs the Keras integration fixes (``_compat.install``), gives each
-instance its own collective keys, and answers the few questions our Keras step
-builders ask of a strategy.
+mix this in: it installs the Keras integration fixes (``_keras_integration.install``),
+gives each instance its own collective keys, and answers the few questions our Keras
+step builders ask of a strategy.
 """
 
 from __future__ import annotations
 
 from keras_replicator import _compat
-from keras_replicator.strategies import _step_api
+from keras_replicator.strategies import _keras_integration, _step_api
 
 
 class ReplicatorMixin:
@@ -19,7 +19,7 @@ class ReplicatorMixin:
 
     def _kr_prepare(self) -> None:
         """Call before the stock constructor: per-instance collective keys."""
-        _compat.install()
+        _keras_integration.install()
         # Read by the stock Extended constructor through the container strategy.
         self._collective_key_base = _compat.next_collective_key_base()
 

@@ -1,68 +1,48 @@
-"""`wrap_optimizer`: exact gradient averaging for hand-written replica steps.
+"""`wrap_optimizer`: opt a hand-written replica step into exact gradient averaging.
 
-TF-Replicator's `wrap_optimizer` let a step written with an ordinary per-replica
-mean loss train like one device at the global batch. Under our strategies every
-Keras optimizer already does that (its gradient all-reduce is our sample-weighted
-mean, `_gradients`), so wrapping returns the optimizer unchanged. Under a stock
-strategy, whose Keras optimizers *sum* replica gradients, the wrapper scales each
-replica's gradients by its share of the global batch before the sum.
+TF-Replicator's `wrap_optimizer` let a step written with an ordinary per-replica mean
+loss train like one device at the global batch. Stock tf.distribute optimizers *sum*
+replica gradients instead (the loss is expected to be divided by the global batch),
+and so do ours in a plain `strategy.run` loop, so that code written for stock keeps
+its numbers (see `_gradients` for the whole rule). Wrapping marks the optimizer so its
+gradient all-reduce becomes the sample-weighted mean, under our strategies and stock
+ones alike; the optimizer object itself is returned, so it still saves, loads and
+passes `isinstance` checks.
 """
 
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
-from keras_replicator import _compat
-from keras_replicator.strategies import _sample_count
+from keras_replicator.strategies import _gradients, _keras_integration
 
 
 def wrap_optimizer(optimizer):
     """Makes `optimizer` average gradients across replicas, weighted by samples.
 
+    Use it in a custom loop whose step computes a per-replica *mean* loss (as for
+    one device). Inside `fit` and `run_steps` every optimizer already averages.
+
     Args:
         optimizer: A `keras.optimizers.Optimizer`.
 
     Returns:
-        `optimizer` itself under a Replicator strategy (it already averages), else a
-        proxy whose `apply` / `apply_gradients` average before the stock sum.
+        `optimizer` itself, now averaging in any strategy's replica context.
+
+    Raises:
+        TypeError: If `optimizer` is not a Keras optimizer.
 
     Example:
     >>> import keras, keras_replicator as kr
     >>> optimizer = kr.wrap_optimizer(keras.optimizers.SGD(0.1))
+    >>> isinstance(optimizer, keras.optimizers.SGD)
+    True
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "`optimizer` must be a `keras.optimizers.Optimizer`. Received: "
             f"optimizer={optimizer!r} of type {type(optimizer).__name__}."
         )
-    if _compat.is_replicator(tf.distribute.get_strategy()):
-        return optimizer
-    return _AveragingOptimizer(optimizer)
-
-
-class _AveragingOptimizer:
-    """Forwards to a Keras optimizer; scales gradients by the replica's batch share."""
-
-    def __init__(self, optimizer):
-        self._kr_inner = optimizer
-
-    def __getattr__(self, name):
-        return getattr(self._kr_inner, name)
-
-    def apply_gradients(self, grads_and_vars):
-        grads, variables = zip(*grads_and_vars)
-        return self.apply(list(grads), list(variables))
-
-    def apply(self, grads, trainable_variables=None):
-        return self._kr_inner.apply(_share_of_batch(grads), trainable_variables)
-
-
-def _share_of_batch(grads):
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return grads
-    count = _sample_count.current_sample_count()
-    weight = tf.constant(1.0) if count is None else tf.cast(count, tf.float32)
-    share = weight / context.all_reduce(tf.distribute.ReduceOp.SUM, weight)
-    return [None if g is None else g * tf.cast(share, g.dtype) for g in grads]
+    _keras_integration.install()
+    _gradients.mark_averaging(optimizer)
+    return optimizer

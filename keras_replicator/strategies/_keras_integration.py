@@ -1,0 +1,120 @@
+"""What Keras asks our strategies, answered in one place; installs the routing.
+
+`_compat.py` knows which Keras internals to replace and nothing of this library;
+this module is what the replacements call (`KerasHooks`) and the one place that
+installs them (`install()`, called by every Replicator's constructor and by
+`wrap_optimizer`). Each hook keeps stock Keras behaviour unless the model's (or the
+current) strategy is a Replicator, which is how the conformance suite compares the
+two side by side.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from keras_replicator import _compat
+from keras_replicator.strategies import (
+    _gradients,
+    _keras_steps,
+    _roles,
+    _sample_count,
+    _validation,
+)
+
+
+class KerasHooks:
+    """The answers `_compat`'s patches ask for; see each patch for the why."""
+
+    @staticmethod
+    def make_train_function(model):
+        return _keras_steps.make_train_function(model, _compat.loss_tracker(model))
+
+    @staticmethod
+    def make_test_function(model):
+        return _keras_steps.make_test_function(model, _compat.loss_tracker(model))
+
+    @staticmethod
+    def make_predict_function(model):
+        return _keras_steps.make_predict_function(model)
+
+    check_model_in_scope = staticmethod(_validation.check_model_in_scope)
+    check_global_batch_size = staticmethod(_validation.check_global_batch_size)
+    check_batch_covers_replicas = staticmethod(_validation.check_batch_covers_replicas)
+
+    @staticmethod
+    def can_build_symbolically(model) -> bool:
+        """False for a model without `call()` (a GAN with a custom `train_step`).
+
+        Keras builds a model under a strategy by calling it on symbolic inputs,
+        which such a model cannot do; on one device Keras skips that and lets the
+        first traced step build. So do we: its layers are built, and optimizers
+        it creates build outside the replicas (`build_optimizer_outside_replicas`).
+        """
+        return _overrides_call(type(model))
+
+    @staticmethod
+    def keeps_replica_mean_loss() -> bool:
+        """True inside our steps: losses stay per-replica means (no 1/N)."""
+        return (
+            _compat.is_replicator_current()
+            and _sample_count.current_sample_count() is not None
+        )
+
+    @staticmethod
+    def scale_loss(loss):
+        """`optimizer.scale_loss`: our steps put the sample count on the loss."""
+        if _compat.is_replicator_current():
+            return _sample_count.scale_loss_by_sample_count(loss)
+        return loss
+
+    @staticmethod
+    def all_reduce_gradients(optimizer, grads_and_vars):
+        """The reduction rule (`_gradients`); None leaves Keras' stock sum."""
+        on_replicator = _compat.is_replicator_current()
+        average = _gradients.averages(optimizer, on_replicator)
+        if not (on_replicator or average):
+            return None
+        return _gradients.all_reduce(grads_and_vars, average=average)
+
+    @staticmethod
+    def build_optimizer_outside_replicas(optimizer, variables) -> None:
+        """Builds an unbuilt optimizer's slots before a replica step creates them.
+
+        Under our strategies, in a replica context: once, in cross-replica context
+        (`merge_call`, which every replica reaches, as each sees it unbuilt), and
+        eagerly (`init_scope`), so the slots are mirrored variables that exist
+        before the traced step reads them.
+        """
+        context = tf.distribute.get_replica_context()
+        if context is None or not _compat.is_replicator(tf.distribute.get_strategy()):
+            return
+
+        def build(strategy):
+            if optimizer.built:
+                return
+            with tf.init_scope(), strategy.scope():
+                optimizer.build(variables)
+            optimizer.built = True
+
+        context.merge_call(build)
+
+    @staticmethod
+    def silences_output(model) -> bool:
+        """Progress bars print on the chief only."""
+        strategy = model.distribute_strategy
+        return _compat.is_replicator(strategy) and not _roles.is_chief(strategy)
+
+
+def _overrides_call(cls) -> bool:
+    for klass in cls.__mro__:
+        if klass is keras.Model:
+            return False
+        if "call" in vars(klass):
+            return True
+    return True
+
+
+def install() -> None:
+    """Routes Keras to our hooks (idempotent)."""
+    _compat.install(KerasHooks)
