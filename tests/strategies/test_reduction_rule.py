@@ -94,15 +94,6 @@ def test_stock_contract_loop_matches_one_device(loss_convention):
     np.testing.assert_allclose(losses, expected_losses, rtol=TOLERANCE)
 
 
-def test_stock_contract_loop_matches_stock_strategy():
-    stock = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    expected, _ = _train(stock, "compute_average_loss")
-    weights, _ = _train(
-        kr.MultiDeviceReplicator(num_replicas=2), "compute_average_loss"
-    )
-    assert _max_diff(weights, expected) < TOLERANCE
-
-
 def test_wrap_optimizer_averages_a_per_replica_mean_loop():
     expected, _ = _one_device("replica_mean")
     weights, _ = _train(
