@@ -78,7 +78,7 @@ def _upstream_objects():
         ),
         "BaseOptimizer.scale_loss": _original(_base_optimizer.BaseOptimizer.scale_loss),
         "BaseOptimizer.apply": _original(_base_optimizer.BaseOptimizer.apply),
-        "ModelCheckpoint._save_model": _stock_checkpoint()._save_model,
+        "ModelCheckpoint._save_model": _original(_stock_checkpoint()._save_model),
         "ModelCheckpoint._get_file_path": _stock_checkpoint()._get_file_path,
         "ModelCheckpoint._should_save_model": _stock_checkpoint()._should_save_model,
     }
@@ -154,6 +154,7 @@ def check_upstream() -> dict[str, str]:
         _base_trainer.Trainer._symbolic_build
     ):
         changed["Trainer._symbolic_build"] = "no longer maps the batch to specs"
+    changed.update(check_worker_files_upstream())
     return changed
 
 
@@ -252,6 +253,7 @@ def install(hooks) -> None:
         _patch_progress_bar(hooks)
         _patch_distributed_dataset_length()
         _patch_lazy_optimizer_build(hooks)
+        _patch_worker_files(hooks)
         _installed = True
 
 
@@ -488,3 +490,168 @@ def _patch_distributed_dataset_length():
 
     adapter.num_batches = property(num_batches, doc=original.__doc__)
     adapter.num_batches.fget.__kr_original__ = original.fget
+
+
+# Keras' own saving on several workers (issue 11) ---------------------------------
+
+# Source digests of what `_patch_worker_files` replaces or relies on (keras==3.15.1).
+WORKER_FILES_DIGESTS = {
+    "saving_api.save_model": "40d9c6f3a9b45c35",
+    "saving_api.save_weights": "38966258038dc2e8",
+    "saving_lib.save_model": "0b360baae4175255",
+    "saving_lib.save_weights_only": "649839a5ed3a5df6",
+    "legacy_h5_format.save_model_to_hdf5": "089058ee0d3223d6",
+    "Model.export": "f11ed3b71eb342ea",
+    "BackupAndRestore.on_train_begin": "dfdb7eac4983f490",
+    "BackupAndRestore.on_epoch_end": "6703014b0a783529",
+    "BackupAndRestore.on_train_batch_end": "cb4fdcc29daf210b",
+    "BackupAndRestore.on_train_end": "3a3f33285b2c46b0",
+    "TensorBoard.set_model": "36b4c489a66848e9",
+    "TensorBoard.on_train_end": "29f4f0e47170770b",
+}
+_BACKUP_EVENTS = (
+    "on_train_begin",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_train_batch_end",
+    "on_train_end",
+)
+
+
+def _worker_files_upstream():
+    import keras
+    from keras.src.legacy.saving import legacy_h5_format
+    from keras.src.saving import saving_api, saving_lib
+
+    backup = keras.callbacks.BackupAndRestore
+    board = keras.callbacks.TensorBoard
+    return {
+        # `model.save`, `keras.saving.save_model` and `save_weights` all end in
+        # these module functions, looked up at call time by saving_api.
+        "saving_api.save_model": saving_api.save_model,
+        "saving_api.save_weights": saving_api.save_weights,
+        "saving_lib.save_model": _original(saving_lib.save_model),
+        "saving_lib.save_weights_only": _original(saving_lib.save_weights_only),
+        "legacy_h5_format.save_model_to_hdf5": _original(
+            legacy_h5_format.save_model_to_hdf5
+        ),
+        "Model.export": _original(keras.Model.export),
+        "BackupAndRestore.on_train_begin": _original(backup.on_train_begin),
+        "BackupAndRestore.on_epoch_end": _original(backup.on_epoch_end),
+        "BackupAndRestore.on_train_batch_end": _original(backup.on_train_batch_end),
+        "BackupAndRestore.on_train_end": _original(backup.on_train_end),
+        "TensorBoard.set_model": _original(board.set_model),
+        "TensorBoard.on_train_end": _original(board.on_train_end),
+    }
+
+
+def check_worker_files_upstream() -> dict[str, str]:
+    """`check_upstream()`'s part for `_patch_worker_files`."""
+    changed = {}
+    for name, function in _worker_files_upstream().items():
+        found = _digest(function)
+        if WORKER_FILES_DIGESTS[name] != found:
+            changed[name] = f"source digest {WORKER_FILES_DIGESTS[name]} != {found}"
+    return changed
+
+
+def _patch_worker_files(hooks):
+    # Keras has no notion of a chief (tensorflow/tensorflow#38635, #31070; tf_keras
+    # had `distributed_file_utils`, Keras 3 dropped it): under
+    # MultiWorkerMirroredStrategy every worker writes the user's path and two h5
+    # writers crash ("unable to lock file"). Every worker must still run the
+    # save (reading on-read variables is a collective), so under our multi-worker
+    # strategies the hooks send the chief's write to the real path, atomically,
+    # and the others' to scratch (strategies/_worker_files.py). Keras offers no
+    # hook for where a model, a checkpoint callback or TensorBoard writes.
+    import keras
+    from keras.src.legacy.saving import legacy_h5_format
+    from keras.src.saving import saving_lib
+
+    # Where every `model.save(...)`, `keras.saving.save_model(...)` and
+    # `save_weights(...)` writes (after saving_api's checks and its overwrite
+    # prompt): patched here, a script's earlier `from keras.saving import
+    # save_model` is routed too.
+    def write_model_file(original):
+        def write(model, filepath, *args, **kwargs):
+            if not hooks.routes_worker_files(model):
+                return original(model, filepath, *args, **kwargs)
+            hooks.save_model_file(
+                model, filepath, lambda path: original(model, path, *args, **kwargs)
+            )
+
+        return write
+
+    _replace(saving_lib, "save_model", write_model_file)
+    _replace(saving_lib, "save_weights_only", write_model_file)
+    _replace(legacy_h5_format, "save_model_to_hdf5", write_model_file)
+
+    def export(original):
+        def export(self, filepath, *args, **kwargs):
+            if not hooks.routes_worker_files(self):
+                return original(self, filepath, *args, **kwargs)
+            hooks.save_model_file(
+                self, filepath, lambda path: original(self, path, *args, **kwargs)
+            )
+
+        return export
+
+    _replace(keras.Model, "export", export)
+
+    # ModelCheckpoint: keep Keras' decisions (`_get_file_path`,
+    # `_should_save_model`); replace its unguarded `makedirs` and the write.
+    def checkpoint(original):
+        def _save_model(self, epoch, batch, logs):
+            if not hooks.routes_worker_files(self.model):
+                return original(self, epoch, batch, logs)
+            filepath = self._get_file_path(epoch, batch, logs)
+            if self._should_save_model(epoch, batch, logs, filepath):
+                hooks.save_checkpoint(self.model, filepath, self.save_weights_only)
+
+        return _save_model
+
+    _replace(keras.callbacks.ModelCheckpoint, "_save_model", checkpoint)
+
+    # BackupAndRestore writes weights and then the epoch in place, so a crash in
+    # between resumes from a torn state; under our multi-worker strategies every
+    # event goes to the atomic, chief-writes engine instead (the same one
+    # `keras_replicator.callbacks.BackupAndRestore` is).
+    def backup_event(event):
+        def make(original):
+            def handler(self, *args, **kwargs):
+                engine = hooks.backup_engine(self)
+                if engine is None:
+                    return original(self, *args, **kwargs)
+                return getattr(engine, event)(*args, **kwargs)
+
+            return handler
+
+        return make
+
+    for event in _BACKUP_EVENTS:
+        _replace(keras.callbacks.BackupAndRestore, event, backup_event(event))
+
+    # TensorBoard: non-chiefs log to scratch (`set_model` fixes every directory
+    # the callback writes to, from `log_dir`), deleted when training ends.
+    def set_model(original):
+        def set_model(self, model):
+            log_dir = hooks.log_dir_for_worker(model, self.log_dir)
+            if log_dir == self.log_dir:
+                return original(self, model)
+            user_log_dir, self.log_dir = self.log_dir, log_dir
+            try:
+                return original(self, model)
+            finally:
+                self.log_dir = user_log_dir
+
+        return set_model
+
+    def on_train_end(original):
+        def on_train_end(self, logs=None):
+            original(self, logs)
+            hooks.remove_scratch(getattr(self, "_log_write_dir", None))
+
+        return on_train_end
+
+    _replace(keras.callbacks.TensorBoard, "set_model", set_model)
+    _replace(keras.callbacks.TensorBoard, "on_train_end", on_train_end)

@@ -30,8 +30,6 @@ ordering tokens):
 
 Example:
 >>> import tensorflow as tf
-
-from keras_replicator import _compat
 >>> from keras_replicator import replica
 >>> int(replica.num_replicas()), float(replica.all_reduce(tf.constant(3.0)))
 (1, 3.0)

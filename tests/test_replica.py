@@ -259,3 +259,15 @@ def test_a_skipped_collective_times_out_instead_of_hanging():
     line = next(x for x in waiting.splitlines() if x.startswith(("TIMED OUT", "NO")))
     assert line.startswith("TIMED OUT"), waiting[-3000:]
     assert int(line.split()[-1]) < 30
+
+
+def test_module_docstring_example_runs():
+    import doctest
+
+    # The module example runs outside any strategy: one replica.
+    results = doctest.testmod(replica, raise_on_error=False)
+    assert results.attempted >= 3 and results.failed == 0
+    example = replica.__doc__.split("Example:")[1]
+    assert all(
+        line.startswith((">>>", "...", "(")) for line in example.split("\n")[1:-1]
+    )

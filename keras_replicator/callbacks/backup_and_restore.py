@@ -12,7 +12,9 @@ Here a backup is committed in three steps, by the chief only:
    written under a temporary name and renamed when complete;
 2. `training_metadata.json` (epoch, batch and the name of that weights file) is
    replaced atomically the same way: this rename is the commit;
-3. weights files no backup refers to any more are deleted.
+3. weights files no backup refers to any more are deleted, and
+   `latest.weights.h5` becomes a hard link to the new weights, so stock Keras can
+   resume from the directory too (it reads that name and the epoch).
 
 A crash at any point leaves the previous backup whole, so a restart resumes from
 the last committed epoch exactly. Other workers save to a scratch directory (so
@@ -37,7 +39,7 @@ import uuid
 import keras
 
 from keras_replicator import _compat
-from keras_replicator.callbacks.model_checkpoint import (
+from keras_replicator.strategies._worker_files import (
     TEMP_MARKER,
     is_chief,
     save_for_worker,
@@ -56,7 +58,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     Same arguments as `keras.callbacks.BackupAndRestore`. Differences:
 
     - Only the chief writes to `backup_dir`; every worker restores from it, so
-      all workers can be given the same `backup_dir` (stock Keras crashes).
+      all workers can be given the same `backup_dir` (stock Keras crashes;
+      under `MultiWorkerReplicator` Keras' own `BackupAndRestore` is routed to
+      this class, so both behave the same there).
+    - Also atomic on one device and under stock `tf.distribute` strategies,
+      where Keras' own keeps its in-place writes.
     - A backup is committed atomically (see the module docstring): a crash
       while backing up leaves the previous backup, and a restart resumes from
       it with the same weights and epoch a run without the crash would have had.
@@ -200,7 +206,23 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if self.double_checkpoint and previous is not None:
             _write_json(metadata_path + PREVIOUS_SUFFIX, previous)
         _write_json(metadata_path, {"epoch": epoch, "batch": batch, "weights": name})
+        self._kr_link_for_stock_keras(weights)
         self._kr_remove_orphans(keep=self._kr_referenced_files())
+
+    def _kr_link_for_stock_keras(self, weights: str) -> None:
+        """Points `latest.weights.h5` at the committed weights (a hard link).
+
+        Stock Keras' `BackupAndRestore` reads that name: without it, a directory
+        written here would make it resume at the saved epoch with fresh weights.
+        """
+
+        def write(temporary):
+            try:
+                os.link(weights, temporary)
+            except OSError:  # no hard links on this filesystem
+                shutil.copyfile(weights, temporary)
+
+        write_atomically(self._kr_path(STOCK_WEIGHTS_FILE), write)
 
     def on_train_end(self, logs=None):
         if self.delete_checkpoint and is_chief(self.model):
@@ -225,9 +247,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             return
         for name in os.listdir(self.backup_dir):
             orphan = _STATE_FILE.match(name) and name not in keep
-            if orphan or TEMP_MARKER in name:
+            path = self._kr_path(name)
+            if TEMP_MARKER in name and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)  # a staging directory
+            elif orphan or TEMP_MARKER in name:
                 try:
-                    os.remove(self._kr_path(name))
+                    os.remove(path)
                 except OSError:
                     pass  # removed concurrently, or a directory: not ours
 

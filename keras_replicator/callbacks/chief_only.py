@@ -1,11 +1,12 @@
 """`ChiefOnly`: run a callback on the chief worker only.
 
-Output callbacks (TensorBoard, CSV loggers, printing) run on every worker by
-default, so N workers write N copies to the same place. Wrapping one in `ChiefOnly`
-forwards every event to it on the chief and drops them elsewhere. (Keras' progress
-bar is silenced on non-chief workers automatically under keras_replicator
-strategies.) Do not wrap callbacks that run collectives (`CrossReplicaMetrics`,
-`ReplicaConsistencyCheck`, `Throughput`): every worker must call those.
+Output callbacks (CSV loggers, printing) run on every worker by default, so N
+workers write N copies to the same place. Wrapping one in `ChiefOnly` forwards every
+event to it on the chief and drops them elsewhere. (Under keras_replicator
+strategies Keras' progress bar is silenced on non-chief workers and Keras'
+`TensorBoard` writes from the chief only, automatically.) Do not wrap callbacks
+that run collectives (`CrossReplicaMetrics`, `ReplicaConsistencyCheck`,
+`Throughput`): every worker must call those.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ two side by side.
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 import tensorflow as tf
 
@@ -20,6 +22,7 @@ from keras_replicator.strategies import (
     _roles,
     _sample_count,
     _validation,
+    _worker_files,
 )
 
 
@@ -104,6 +107,47 @@ class KerasHooks:
         """Progress bars print on the chief only."""
         strategy = model.distribute_strategy
         return _compat.is_replicator(strategy) and not _roles.is_chief(strategy)
+
+    # Keras' own saving on several workers: the chief writes, atomically
+    # (`_worker_files`).
+    routes_worker_files = staticmethod(_worker_files.routes)
+    save_model_file = staticmethod(_worker_files.save_model_file)
+    save_checkpoint = staticmethod(_worker_files.save_checkpoint)
+    log_dir_for_worker = staticmethod(_worker_files.log_dir_for_worker)
+    remove_scratch = staticmethod(_worker_files.remove_scratch)
+
+    @staticmethod
+    def backup_engine(callback):
+        """What Keras' `BackupAndRestore` forwards its events to, or None (stock).
+
+        Under our multi-worker strategies: a `keras_replicator.callbacks.
+        BackupAndRestore` with the same arguments (chief-only, atomic commits),
+        one per Keras callback.
+        """
+        model = getattr(callback, "model", None)
+        if model is None or not _worker_files.routes(model):
+            return None
+        engine = _backup_engines.get(callback)
+        if engine is None:
+            # `callbacks/` sits above `strategies/`; by the first event the
+            # package is fully imported.
+            from keras_replicator.callbacks.backup_and_restore import (
+                BackupAndRestore,
+            )
+
+            engine = BackupAndRestore(
+                callback.backup_dir,
+                save_freq=callback.save_freq,
+                double_checkpoint=callback.double_checkpoint,
+                delete_checkpoint=callback.delete_checkpoint,
+            )
+            _backup_engines[callback] = engine
+        engine.set_model(model)
+        engine.set_params(callback.params)
+        return engine
+
+
+_backup_engines = weakref.WeakKeyDictionary()
 
 
 def _overrides_call(cls) -> bool:

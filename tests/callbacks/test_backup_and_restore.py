@@ -152,6 +152,16 @@ def test_restores_a_backup_written_by_stock_keras(tmp_path, initial, uninterrupt
     _assert_weights_equal(resumed.get_weights(), uninterrupted)
 
 
+def test_stock_keras_resumes_from_our_backup(tmp_path, initial, uninterrupted):
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(_model(initial), [BackupAndRestore(backup), Interrupt(2)])
+    resumed = _workloads.mlp()
+    history = _fit(resumed, [keras.callbacks.BackupAndRestore(backup)])
+    assert len(history.history["loss"]) == EPOCHS - 2
+    _assert_weights_equal(resumed.get_weights(), uninterrupted)
+
+
 def _corrupt_latest(backup):
     metadata = json.loads(open(os.path.join(backup, module.METADATA_FILE)).read())
     with open(os.path.join(backup, metadata["weights"]), "wb") as file:
@@ -211,8 +221,8 @@ def test_leftovers_of_interrupted_writes_are_cleaned_up(tmp_path, initial):
     (backup / "notes.txt").write_text("not ours")
     _fit(_model(initial), [BackupAndRestore(str(backup), delete_checkpoint=False)], 1)
     names = sorted(os.listdir(backup))
-    assert names[0] == "notes.txt" and names[-1] == module.METADATA_FILE
-    assert len(names) == 3
+    assert names[0] == module.STOCK_WEIGHTS_FILE and names[1] == "notes.txt"
+    assert names[-1] == module.METADATA_FILE and len(names) == 4
 
 
 def test_an_unbuilt_model_is_explained(tmp_path):

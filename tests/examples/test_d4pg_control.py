@@ -1,6 +1,6 @@
 """The D4PG example: categorical projection, N-step returns, transparent learner."""
 
-import importlib.util
+import importlib
 import pathlib
 import sys
 
@@ -9,18 +9,19 @@ import pytest
 
 import keras_replicator as kr
 
-EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "d4pg_control.py"
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")
 def d4pg():
-    spec = importlib.util.spec_from_file_location("d4pg_control", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    # Dataclasses resolve their annotations through `sys.modules`.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    # The agent is the `d4pg` package in examples/ (as the notebook imports it).
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        yield importlib.import_module("d4pg")
+    finally:
+        sys.path.remove(str(EXAMPLES))
+        for name in [n for n in sys.modules if n == "d4pg" or n.startswith("d4pg.")]:
+            del sys.modules[name]
 
 
 def _project(d4pg, support, probabilities, rewards, discounts):

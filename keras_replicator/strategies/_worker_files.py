@@ -1,0 +1,249 @@
+"""Who writes a file when every worker saves: the chief, atomically; others, scratch.
+
+Keras has no notion of a chief: under `MultiWorkerReplicator` a script's
+`model.save(path)`, Keras' `ModelCheckpoint`, `BackupAndRestore` and `TensorBoard`
+run on every worker, all pointed at the same path. Two h5 writers of one file crash
+(`BlockingIOError: unable to lock file`), two `makedirs` of one directory race
+(`FileExistsError`), and the surviving worker then fails in its next collective.
+
+Every worker must still run the save: reading a variable to write it can be a
+collective (on-read synchronised variables all-reduce across workers), so a worker
+that skipped it would leave the others waiting. So, as tf_keras did for Keras 2
+(`distributed_file_utils`), every worker writes and only the chief's write reaches
+the user's path:
+
+- the chief writes into a hidden staging directory next to the target (same
+  filesystem), then renames what was written into place (`os.replace`): a reader
+  sees the previous file or the new one, never half of one. Several files
+  (sharded weights) are published index last; a directory (an unzipped `.keras`,
+  a SavedModel export) replaces the previous one as a whole;
+- other workers write into a private scratch directory, deleted right after (and
+  at exit, for TensorBoard logs).
+
+This applies to models whose strategy is a multi-worker Replicator; stock
+strategies and one-process Replicators keep Keras' behaviour
+(`keras_replicator.callbacks.ModelCheckpoint` / `BackupAndRestore` use the same
+writes under every strategy). Remote paths (`gs://...`) are written directly by
+the chief: object stores publish an object only once its upload completes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+
+from keras_replicator import _compat
+from keras_replicator.strategies import _roles
+
+TEMP_MARKER = ".kr-tmp-"
+SCRATCH_PREFIX = "kr-worker{index}-scratch-"
+
+_state = threading.local()
+_scratch_dirs: set[str] = set()
+_scratch_lock = threading.Lock()
+
+
+def is_chief(model) -> bool:
+    """Whether this worker writes the real files for `model`.
+
+    Example:
+    >>> import keras
+    >>> from keras_replicator.strategies import _worker_files
+    >>> _worker_files.is_chief(keras.Sequential())
+    True
+    """
+    return _roles.is_chief(model.distribute_strategy)
+
+
+def routes(model) -> bool:
+    """Whether `model`'s saves are routed here (a multi-worker Replicator's model).
+
+    False inside a write already routed (`save_for_worker`), so the Keras call it
+    makes runs as stock Keras would.
+    """
+    if getattr(_state, "writing", False):
+        return False
+    strategy = getattr(model, "distribute_strategy", None)
+    return _compat.is_replicator(strategy) and _compat.in_multi_worker_mode(strategy)
+
+
+@contextlib.contextmanager
+def _writing():
+    previous = getattr(_state, "writing", False)
+    _state.writing = True
+    try:
+        yield
+    finally:
+        _state.writing = previous
+
+
+def save_for_worker(model, path, write: Callable[[str], None]) -> None:
+    """The chief runs `write(p)` and publishes `p` as `path`; others use scratch.
+
+    Args:
+        model: The model being saved; its strategy says who the chief is.
+        path: The user's path (`str` or `os.PathLike`).
+        write: Writes the file (or directory) at the path it is given.
+    """
+    path = os.fspath(path)
+    with _writing():
+        if is_chief(model):
+            write_atomically(path, write)
+        else:
+            write_to_scratch(
+                path, write, _roles.worker_index(model.distribute_strategy)
+            )
+
+
+def save_model_file(model, path, write: Callable[[str], None]) -> None:
+    """Keras' write of a model, its weights or an export, on every worker.
+
+    `path` may also be an open file or buffer (Keras accepts some): that is the
+    caller's own, so it is written as given.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        write(path)
+        return
+    save_for_worker(model, path, write)
+
+
+def save_checkpoint(model, path: str, save_weights_only: bool) -> None:
+    """What `keras.callbacks.ModelCheckpoint` writes, on every worker."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            "`filepath` must name a file, not an existing directory. "
+            f"Received: filepath={path!r}. Use e.g. "
+            f"{os.path.join(path, 'model.keras')!r}."
+        )
+    if save_weights_only:
+
+        def write(target):
+            model.save_weights(target, overwrite=True)
+    else:
+
+        def write(target):
+            model.save(target, overwrite=True)
+
+    save_for_worker(model, path, write)
+
+
+def log_dir_for_worker(model, log_dir: str) -> str:
+    """Where this worker's TensorBoard writes: `log_dir` on the chief, else scratch."""
+    if not routes(model) or is_chief(model):
+        return log_dir
+    return scratch_dir(_roles.worker_index(model.distribute_strategy))
+
+
+def scratch_dir(index: int) -> str:
+    """A new private directory for worker `index`, removed at exit at the latest."""
+    path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX.format(index=index))
+    with _scratch_lock:
+        _scratch_dirs.add(path)
+    return path
+
+
+def remove_scratch(path: str) -> None:
+    """Deletes `path` if `scratch_dir` made it; anything else is left alone."""
+    with _scratch_lock:
+        if path not in _scratch_dirs:
+            return
+        _scratch_dirs.discard(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@atexit.register
+def _remove_all_scratch() -> None:
+    for path in list(_scratch_dirs):
+        remove_scratch(path)
+
+
+def write_to_scratch(path: str, write: Callable[[str], None], index: int) -> None:
+    """Runs `write` into a private scratch directory and deletes it (non-chiefs)."""
+    scratch = scratch_dir(index)
+    try:
+        write(os.path.join(scratch, os.path.basename(path.rstrip("/")) or "output"))
+    finally:
+        remove_scratch(scratch)
+
+
+def staging_dir(path: str) -> str:
+    """A new hidden directory next to `path`, on its filesystem (for `os.replace`)."""
+    directory, name = os.path.split(path.rstrip("/"))
+    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging = os.path.join(directory or ".", f".{name}{TEMP_MARKER}{token}")
+    os.makedirs(staging)
+    return staging
+
+
+def write_atomically(path, write: Callable[[str], None]) -> None:
+    """Calls `write(p)` for a staged `p`, then renames what it wrote to `path`.
+
+    `write` may produce a file, a directory, or several files next to `p`
+    (sharded weights: the file named like `path` is published last, so a reader
+    that finds it finds its shards). If `write` fails or the process dies, `path`
+    keeps its previous content; the staging directory is removed (or, after a
+    hard kill, left hidden with `.kr-tmp-` in its name).
+
+    Example:
+    >>> import os, tempfile
+    >>> from keras_replicator.strategies._worker_files import write_atomically
+    >>> path = os.path.join(tempfile.mkdtemp(), "note.txt")
+    >>> write_atomically(path, lambda p: open(p, "w").write("saved"))
+    >>> open(path).read(), os.listdir(os.path.dirname(path))
+    ('saved', ['note.txt'])
+    """
+    path = os.fspath(path)
+    if "://" in path:
+        write(path)
+        return
+    directory, name = os.path.split(path.rstrip("/"))
+    directory = directory or "."
+    os.makedirs(directory, exist_ok=True)
+    staging = staging_dir(path)
+    try:
+        write(os.path.join(staging, name))
+        # The file named like `path` (or a sharded save's `.weights.json`)
+        # indexes the others: publish it last.
+        written = sorted(
+            os.listdir(staging),
+            key=lambda entry: (entry == name or entry.endswith(".json"), entry),
+        )
+        for entry in written:
+            _publish(os.path.join(staging, entry), os.path.join(directory, entry))
+        _fsync(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(source: str, target: str) -> None:
+    if os.path.isdir(source):
+        for root, _, files in os.walk(source):
+            for file in files:
+                _fsync(os.path.join(root, file))
+        if os.path.isdir(target) and not os.path.islink(target):
+            # A directory cannot be renamed over a non-empty one: move the old one
+            # into the staging directory (deleted with it) first.
+            os.replace(target, source + ".previous")
+    else:
+        _fsync(source)
+    os.replace(source, target)
+
+
+def _fsync(path: str) -> None:
+    """Flushes a file (or a directory entry) to disk, where the OS allows it."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the rename still holds
+    finally:
+        os.close(descriptor)
