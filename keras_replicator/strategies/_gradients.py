@@ -17,7 +17,9 @@ gradient of the global-batch mean whatever the split (an uneven last batch, a re
 with no samples). Everywhere else (a plain `strategy.run` loop) the stock contract
 holds: gradients are summed and Keras loss objects scale by ``1/N`` (see
 `_keras_integration.KerasHooks`), so code written for stock tf.distribute keeps its
-numbers. Both paths send their bytes through `_communication.all_reduce_sum`.
+numbers; like stock, a gradient that is one object on every replica (made outside
+`strategy.run`) counts once per worker. Both paths send their bytes through
+`_communication.all_reduce_sum`.
 
 The weighted mean costs one collective: the counts ride with the gradients. When the
 loss already carries the count (``optimizer.scale_loss``, see `_sample_count`), the
@@ -68,11 +70,35 @@ def all_reduce(grads_and_vars, average: bool):
     if average:
         gradients = _weighted_mean(gradients)
     else:
-        gradients, _ = _communication.all_reduce_sum(gradients)
+        gradients, _ = _communication.all_reduce_sum(_count_shared_once(gradients))
     result = list(grads_and_vars)
     for i, grad in zip(present, gradients):
         result[i] = (grad, grads_and_vars[i][1])
     return result
+
+
+def _count_shared_once(gradients):
+    """Scales a gradient that is one object on every local replica by 1/replicas.
+
+    Stock tf.distribute sums such a value (a tensor made outside `strategy.run`,
+    as Keras' `optimizer_distribute_test.test_ema` does) once per worker, not once
+    per replica: regrouping sees the same object and does not wrap it per replica.
+    The packed all-reduce cannot see that, so the shares are fixed first.
+    """
+    context = tf.distribute.get_replica_context()
+    local_replicas = len(context.strategy.extended.worker_devices)
+    if local_replicas == 1:
+        return gradients
+    shared = context.merge_call(
+        lambda _, *values: [
+            not isinstance(v, tf.distribute.DistributedValues) for v in values
+        ],
+        args=tuple(gradients),
+    )
+    return [
+        _scale(g, 1.0 / local_replicas) if is_shared else g
+        for g, is_shared in zip(gradients, shared)
+    ]
 
 
 def _weighted_mean(gradients):

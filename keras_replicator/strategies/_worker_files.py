@@ -18,7 +18,10 @@ the user's path:
   (sharded weights) are published index last; a directory (an unzipped `.keras`,
   a SavedModel export) replaces the previous one as a whole;
 - other workers write into a private scratch directory, deleted right after (and
-  at exit, for TensorBoard logs).
+  at exit, for TensorBoard logs). One exception: a direct `model.save(...)` /
+  `save_weights(...)` of a single local file is published by every worker, the
+  same way, so a script that saves and then loads on every worker finds the
+  file even when the workers do not share a disk (the copies are identical).
 
 This applies to models whose strategy is a multi-worker Replicator; stock
 strategies and one-process Replicators keep Keras' behaviour
@@ -106,11 +109,22 @@ def save_model_file(model, path, write: Callable[[str], None]) -> None:
 
     `path` may also be an open file or buffer (Keras accepts some): that is the
     caller's own, so it is written as given.
+
+    A non-chief that saves one local file (`.keras`, `.h5`, `.weights.h5`) also
+    publishes its copy atomically: the copies are identical (variables are in
+    sync), so a script that saves and then loads on every worker reads a complete,
+    current file whether or not the workers share a filesystem. Directories,
+    sharded weights and remote paths stay the chief's.
     """
     if not isinstance(path, (str, os.PathLike)):
         write(path)
         return
-    save_for_worker(model, path, write)
+    path = os.fspath(path)
+    if is_chief(model) or "://" in path:
+        save_for_worker(model, path, write)
+        return
+    with _writing():
+        write_atomically(path, write, single_file_only=True)
 
 
 def save_checkpoint(model, path: str, save_weights_only: bool) -> None:
@@ -181,14 +195,18 @@ def staging_dir(path: str) -> str:
     return staging
 
 
-def write_atomically(path, write: Callable[[str], None]) -> None:
+def write_atomically(
+    path, write: Callable[[str], None], *, single_file_only: bool = False
+) -> None:
     """Calls `write(p)` for a staged `p`, then renames what it wrote to `path`.
 
     `write` may produce a file, a directory, or several files next to `p`
     (sharded weights: the file named like `path` is published last, so a reader
     that finds it finds its shards). If `write` fails or the process dies, `path`
     keeps its previous content; the staging directory is removed (or, after a
-    hard kill, left hidden with `.kr-tmp-` in its name).
+    hard kill, left hidden with `.kr-tmp-` in its name). With
+    `single_file_only`, anything but one regular file named like `path` is
+    discarded instead of published (a non-chief's copy of a directory).
 
     Example:
     >>> import os, tempfile
@@ -214,6 +232,10 @@ def write_atomically(path, write: Callable[[str], None]) -> None:
             os.listdir(staging),
             key=lambda entry: (entry == name or entry.endswith(".json"), entry),
         )
+        if single_file_only and (
+            written != [name] or not os.path.isfile(os.path.join(staging, name))
+        ):
+            return
         for entry in written:
             _publish(os.path.join(staging, entry), os.path.join(directory, entry))
         _fsync(directory)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from keras_replicator.launch import LaunchOptions, free_ports, launch
-from keras_replicator.launch._cluster import choose_mode, parse_tf_config, plan_cluster
+from keras_replicator.launch._cluster import choose_mode, plan_cluster
 from keras_replicator.launch._ports import port_in_use
 
 PY = sys.executable
@@ -83,34 +83,6 @@ def test_a_single_task_slurm_step_is_not_a_cluster():
 
 
 # A scheduler's TF_CONFIG ------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "raw, match",
-    [
-        ("{not json", r"`TF_CONFIG` must be JSON"),
-        ('{"task": {"type": "worker", "index": 0}}', r"`TF_CONFIG\['cluster'\]`"),
-        ('{"cluster": {"worker": ["a:1"]}}', r"`TF_CONFIG\['task'\]` is missing"),
-        (
-            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}',
-            r"`TF_CONFIG\['task'\]\['type'\]`.*Received: type='chief'",
-        ),
-        (
-            _tf_config(["a:1", "b:2"], index=2),
-            r"`TF_CONFIG\['task'\]\['index'\]` must be an integer in \[0, 2\)"
-            r".*Received: index=2",
-        ),
-        (_tf_config(["a:1"], index=True), r"Received: index=True"),
-        (
-            '{"cluster": {"worker": ["no-port"]}, "task": {"type": "worker", '
-            '"index": 0}}',
-            r"`TF_CONFIG\['cluster'\]\['worker'\]` must be a list of \"host:port\"",
-        ),
-    ],
-)
-def test_tf_config_problems_name_the_field(raw, match):
-    with pytest.raises(ValueError, match=match):
-        parse_tf_config(raw)
 
 
 def test_a_port_in_use_names_the_tf_config_field():

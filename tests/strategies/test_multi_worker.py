@@ -53,7 +53,7 @@ BAD_TF_CONFIG = textwrap.dedent(
 
 def test_bad_tf_config_names_the_field():
     result = run_workers([sys.executable, "-c", BAD_TF_CONFIG], 1, echo=False)
-    assert "ERROR `TF_CONFIG['task']['index']` must be in [0, 1)" in (
+    assert "ERROR `TF_CONFIG['task']['index']` must be an integer in [0, 1)" in (
         result.workers[0].output
     )
 

@@ -103,6 +103,22 @@ def test_a_non_chief_writes_to_scratch_only(tmp_path):
     assert os.listdir(tmp_path) == ["model.keras"]
 
 
+def test_a_non_chief_publishes_a_direct_single_file_save(tmp_path):
+    # Save-then-load on every worker must work without a shared disk.
+    target = tmp_path / "model.keras"
+    _worker_files.save_model_file(_stub_model(False, 1), target, _write_text("x"))
+    assert os.listdir(tmp_path) == ["model.keras"]
+    assert target.read_text() == "x"
+
+    def write_directory(path):
+        os.makedirs(path)
+        _write_text("y")(os.path.join(path, "saved_model.pb"))
+
+    exported = tmp_path / "exported"
+    _worker_files.save_model_file(_stub_model(False, 1), exported, write_directory)
+    assert os.listdir(tmp_path) == ["model.keras"]  # a directory stays the chief's
+
+
 def test_only_scratch_directories_are_removed(tmp_path):
     scratch = _worker_files.scratch_dir(3)
     assert "kr-worker3-scratch-" in scratch
