@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install lint format test test-slow notebooks conformance demo bench clean
+.PHONY: install lint format test test-slow notebooks conformance clients demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ notebooks: install
 conformance: install
 	$(VENV)/bin/keras-replicator test --isolate-stock
 
+clients: install
+	$(PY) -m tests.clients.table
+
 demo: install
 	$(VENV)/bin/keras-replicator demo
 
@@ -39,6 +42,9 @@ bench: install
 	$(PY) benchmarks/strategy_overhead.py
 	$(PY) benchmarks/cross_replica_metrics_overhead.py
 	$(PY) benchmarks/large_batch.py
+	$(PY) benchmarks/pipeline.py
+	$(PY) benchmarks/allreduce.py --fit
+	$(PY) benchmarks/async_ps.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -11,8 +11,10 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AllReduceOptions": "keras_replicator.strategies",
     "MultiDeviceReplicator": "keras_replicator.strategies",
     "MultiWorkerReplicator": "keras_replicator.strategies",
+    "ParameterServerReplicator": "keras_replicator.strategies",
     "TPUReplicator": "keras_replicator.strategies",
     "auto": "keras_replicator.strategies",
     "is_chief": "keras_replicator.strategies",
@@ -27,6 +29,7 @@ _SUBMODULES = (
     "layers",
     "models",
     "optimizers",
+    "pipeline",
     "replica",
     "schedules",
     "strategies",

@@ -43,6 +43,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="worker processes on this machine (required outside a cluster)",
     )
     parser.add_argument(
+        "--ps",
+        type=int,
+        default=0,
+        dest="num_ps",
+        help="parameter servers: run a chief, N workers and K ps for "
+        "ParameterServerReplicator (asynchronous training; default 0)",
+    )
+    parser.add_argument(
         "--cluster",
         choices=CLUSTER_MODES,
         default="auto",
@@ -105,6 +113,7 @@ def run(args) -> int:
     try:
         options = LaunchOptions(
             num_workers=args.num_workers,
+            num_ps=args.num_ps,
             cluster=args.cluster,
             max_restarts=args.max_restarts,
             timeout=args.timeout,
@@ -153,7 +162,7 @@ def _report_failure(result) -> int:
     _say(f"{result.headline()}{restarts}.")
     if detail:
         print(
-            f"--- worker {failure.index}, last output ---\n{detail}",
+            f"--- {failure.name}, last output ---\n{detail}",
             file=sys.stderr,
         )
     if result.timed_out:

@@ -13,9 +13,10 @@ Three cluster modes, one script:
   resulting `TF_CONFIG`.
 
 `auto` picks `tf-config` when `TF_CONFIG` is set, else `slurm` inside a Slurm job
-step with several tasks, else `local`. Checks that the worker would only fail
-later and vaguely on (a missing task, an index out of range, a port in use) are
-made here, with errors that name the `TF_CONFIG` field.
+step with several tasks, else `local`. `TF_CONFIG` is validated by
+`keras_replicator._tf_config`, the same check the strategies make in the worker;
+what only the launcher can see (a port in use, an address off this machine) is
+checked here. Both kinds of error name the `TF_CONFIG` field.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from keras_replicator._tf_config import num_tasks, parse_tf_config
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions, is_loopback
 from keras_replicator.launch._ports import free_ports, port_in_use
 from keras_replicator.launch._runner import WorkerSpec, tf_configs
@@ -120,6 +122,8 @@ def plan_cluster(
 
 
 def _plan_local(options: LaunchOptions) -> ClusterPlan:
+    if options.num_ps:
+        return _plan_local_ps(options)
     num_workers = options.num_workers
     ports = options.ports
     if ports is not None:
@@ -136,6 +140,42 @@ def _plan_local(options: LaunchOptions) -> ClusterPlan:
             env=_worker_env(index, num_workers),
         )
         for index, config in enumerate(configs)
+    )
+    return ClusterPlan("local", specs, tuple(configs))
+
+
+def _plan_local_ps(options: LaunchOptions) -> ClusterPlan:
+    """A chief, `num_workers` workers and `num_ps` parameter servers, here."""
+    counts = {"chief": 1, "worker": options.num_workers, "ps": options.num_ps}
+    ports = list(options.ports or free_ports(sum(counts.values()), "127.0.0.1"))
+    if options.ports is not None:
+        check_ports_free(
+            [(f"ports[{i}]", port) for i, port in enumerate(ports)], "ports"
+        )
+    cluster, start = {}, 0
+    for kind, count in counts.items():
+        cluster[kind] = [f"{options.host}:{p}" for p in ports[start : start + count]]
+        start += count
+    configs = [
+        {"cluster": cluster, "task": {"type": kind, "index": index}}
+        for kind, count in counts.items()
+        for index in range(count)
+    ]
+    specs = tuple(
+        WorkerSpec(
+            index=config["task"]["index"],
+            tf_config=json.dumps(config),
+            env={
+                "KERAS_REPLICATOR_TASK_TYPE": config["task"]["type"],
+                "KERAS_REPLICATOR_NUM_WORKERS": str(options.num_workers),
+            },
+            label=(
+                "chief"
+                if config["task"]["type"] == "chief"
+                else f"{config['task']['type']} {config['task']['index']}"
+            ),
+        )
+        for config in configs
     )
     return ClusterPlan("local", specs, tuple(configs))
 
@@ -160,7 +200,9 @@ def _plan_task(mode, config, raw_tf_config, options, extra_env) -> ClusterPlan:
         [(f"TF_CONFIG['cluster']['{task['type']}'][{task['index']}]", own)],
         "TF_CONFIG",
     )
-    training = [(kind, i) for kind in _TRAINING_TASKS for i in range(_n(cluster, kind))]
+    training = [
+        (kind, i) for kind in _TRAINING_TASKS for i in range(num_tasks(config, kind))
+    ]
     key = (task["type"], task["index"])
     rank = training.index(key) if key in training else None
     env = dict(extra_env)
@@ -177,14 +219,12 @@ def _plan_task(mode, config, raw_tf_config, options, extra_env) -> ClusterPlan:
     all_configs = tuple(
         {"cluster": cluster, "task": {"type": kind, "index": i}}
         for kind in kinds
-        for i in range(len(cluster[kind]))
+        for i in range(num_tasks(config, kind))
     )
-    this_task = all_configs.index({"cluster": cluster, "task": dict(task)})
+    this_task = all_configs.index(
+        {"cluster": cluster, "task": {"type": task["type"], "index": task["index"]}}
+    )
     return ClusterPlan(mode, (spec,), all_configs, this_task)
-
-
-def _n(cluster, kind):
-    return len(cluster.get(kind, []))
 
 
 def _worker_env(rank: int, count: int) -> dict[str, str]:
@@ -192,56 +232,6 @@ def _worker_env(rank: int, count: int) -> dict[str, str]:
         "KERAS_REPLICATOR_WORKER_INDEX": str(rank),
         "KERAS_REPLICATOR_NUM_WORKERS": str(count),
     }
-
-
-def parse_tf_config(raw: str) -> dict:
-    """Parses a scheduler's TF_CONFIG, naming the field a worker would choke on.
-
-    Only what the launcher relies on is checked here (JSON, `cluster`, `task`,
-    its type and index); `MultiWorkerReplicator` validates the rest in the worker.
-    """
-    received = f"Received: TF_CONFIG={raw!r}"
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"`TF_CONFIG` must be JSON ({error}). {received}. Expected e.g. "
-            '{"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}, '
-            '"task": {"type": "worker", "index": 0}}.'
-        ) from None
-    cluster = config.get("cluster") if isinstance(config, dict) else None
-    if not isinstance(cluster, dict) or not cluster:
-        raise ValueError(
-            "`TF_CONFIG['cluster']` must map task types to lists of "
-            f'"host:port" addresses. {received}.'
-        )
-    for kind, addresses in cluster.items():
-        if not isinstance(addresses, list) or not all(
-            isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses
-        ):
-            raise ValueError(
-                f"`TF_CONFIG['cluster']['{kind}']` must be a list of "
-                f'"host:port" strings. {received}.'
-            )
-    task = config.get("task")
-    if not isinstance(task, dict):
-        raise ValueError(
-            "`TF_CONFIG['task']` is missing: each process must say which task it "
-            f'is, e.g. {{"type": "worker", "index": 0}}. {received}.'
-        )
-    if task.get("type") not in cluster:
-        raise ValueError(
-            "`TF_CONFIG['task']['type']` must be one of the cluster's task types "
-            f"{list(cluster)}. Received: type={task.get('type')!r}. {received}."
-        )
-    index, count = task.get("index"), len(cluster[task["type"]])
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-        raise ValueError(
-            f"`TF_CONFIG['task']['index']` must be an integer in [0, {count}) "
-            f"because `TF_CONFIG['cluster']['{task['type']}']` lists {count} "
-            f"address(es). Received: index={index!r}. {received}."
-        )
-    return {"cluster": cluster, "task": {"type": task["type"], "index": index}}
 
 
 def check_ports_free(named_ports, what: str) -> None:

@@ -17,6 +17,7 @@ cannot restart the group; there the scheduler restarts (TFJob `restartPolicy`,
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import sys
 import time
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from keras_replicator.launch._cluster import plan_cluster
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
+from keras_replicator.launch._ps_runner import run_ps_group
 from keras_replicator.launch._results import LaunchResult
 from keras_replicator.launch._runner import run_group
 
@@ -35,6 +37,7 @@ def launch(
     command: Sequence[str],
     num_workers: int | None = None,
     *,
+    num_ps: int = 0,
     cluster: str = "auto",
     max_restarts: int = 0,
     timeout: float | None = None,
@@ -60,6 +63,12 @@ def launch(
         num_workers: Worker processes to start on this machine. Defaults to
             `None`: required unless a scheduler describes the cluster (`TF_CONFIG`
             or a Slurm job step).
+        num_ps: Parameter servers to start (`--ps`). With `num_ps > 0` the job
+            is a parameter-server job: a chief, `num_workers` workers and
+            `num_ps` parameter servers; the chief's exit code is the job's, the
+            others are stopped (and exit 0) when it exits, and a worker that dies
+            is restarted alone (up to `max_restarts` times) to rejoin. Defaults
+            to `0`.
         cluster: `"auto"`, `"local"`, `"tf-config"` (run the one task a
             scheduler's `TF_CONFIG` describes) or `"slurm"` (one task of an
             `srun` step, via TF's `SlurmClusterResolver`). Defaults to `"auto"`:
@@ -104,6 +113,7 @@ def launch(
     """
     options = LaunchOptions(
         num_workers=num_workers,
+        num_ps=num_ps,
         cluster=cluster,
         max_restarts=max_restarts,
         timeout=timeout,
@@ -149,15 +159,19 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
             dataclasses.replace(spec, env={**spec.env, RESTART_COUNT_ENV: str(attempt)})
             for spec in plan.specs
         ]
-        result = run_group(
-            command,
-            specs,
+        runner_options = dict(
             timeout=remaining if remaining is None else max(remaining, 0.0),
             env=options.env,
             cwd=options.cwd,
             echo=options.echo,
             grace_seconds=options.grace_seconds,
         )
+        if options.num_ps:
+            result = run_ps_group(
+                command, specs, max_rejoins=options.max_restarts, **runner_options
+            )
+        else:
+            result = run_group(command, specs, **runner_options)
         if result.ok or result.timed_out or attempt >= options.max_restarts:
             break
         attempt += 1
@@ -184,6 +198,17 @@ def _check_command(command) -> list[str]:
             f"`command[0]` must be a program on PATH or a path. Received: "
             f"command[0]={program!r}, which was not found. Check the spelling, "
             "or give the full path (e.g. sys.executable for this Python)."
+        )
+    if "/" in program and not (os.path.isfile(program) and os.access(program, os.X_OK)):
+        problem = (
+            "does not exist"
+            if not os.path.exists(program)
+            else ("is not an executable file")
+        )
+        raise ValueError(
+            f"`command[0]` must be an executable program. Received: "
+            f"command[0]={program!r}, which {problem}. Check the path, or run a "
+            "script through its interpreter (e.g. `python train.py`)."
         )
     return command
 

@@ -33,6 +33,7 @@ class LaunchOptions:
     """
 
     num_workers: int | None = None
+    num_ps: int = 0
     cluster: str = "auto"
     max_restarts: int = 0
     timeout: float | None = None
@@ -49,6 +50,13 @@ class LaunchOptions:
     def __post_init__(self):
         if self.num_workers is not None:
             _check_int("num_workers", self.num_workers, minimum=1, hint="Use 2")
+        _check_int("num_ps", self.num_ps, minimum=0, hint="Use 1")
+        if self.num_ps and self.num_workers is None:
+            raise ValueError(
+                "`num_ps` starts a local parameter-server job and needs "
+                f"`num_workers`. Received: num_ps={self.num_ps}, num_workers=None. "
+                "Use e.g. `keras-replicator launch -n 2 --ps 1 -- python train.py`."
+            )
         if self.cluster not in CLUSTER_MODES:
             raise ValueError(
                 f"`cluster` must be one of {list(CLUSTER_MODES)}. "
@@ -83,10 +91,17 @@ class LaunchOptions:
             object.__setattr__(self, "ports", tuple(self.ports))
             for position, port in enumerate(self.ports):
                 _check_port(f"ports[{position}]", port)
-            if self.num_workers is not None and len(self.ports) != self.num_workers:
+            tasks = (self.num_workers or 0) + (self.num_ps + 1 if self.num_ps else 0)
+            if self.num_workers is not None and len(self.ports) != tasks:
+                what = (
+                    f"task ({tasks}: the chief, the workers, then the parameter "
+                    "servers)"
+                    if self.num_ps
+                    else f"worker ({tasks})"
+                )
                 raise ValueError(
-                    f"`ports` must list one port per worker ({self.num_workers}). "
-                    f"Received: ports={list(self.ports)}. Give {self.num_workers} "
+                    f"`ports` must list one port per {what}. "
+                    f"Received: ports={list(self.ports)}. Give {tasks} "
                     "ports or leave `ports` unset to use free ones."
                 )
             if len(set(self.ports)) != len(self.ports):

@@ -28,6 +28,8 @@ class WorkerResult:
         seconds: When it exited, in seconds after the group started.
         stopped: Whether the launcher stopped it (after another worker failed or
             at the deadline) rather than it exiting on its own.
+        label: Its task name (`"chief"`, `"ps 0"`) in a parameter-server job;
+            `None` for a worker of a group of peers.
     """
 
     index: int
@@ -35,6 +37,12 @@ class WorkerResult:
     output: str
     seconds: float | None = None
     stopped: bool = False
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How messages call it: its label, else `worker <index>`."""
+        return self.label or f"worker {self.index}"
 
     @property
     def traceback(self) -> str:
@@ -53,6 +61,9 @@ class LaunchResult:
         seconds: Wall-clock seconds of this run.
         restarts: How many times the group was restarted before this run.
         previous: The failed runs before this one (empty without restarts).
+        job_index: In a parameter-server job, the position of the chief, whose
+            exit code is the job's; `None` for a group of peers.
+        rejoins: Workers restarted to rejoin a parameter-server job.
     """
 
     workers: tuple[WorkerResult, ...]
@@ -60,9 +71,13 @@ class LaunchResult:
     seconds: float
     restarts: int = 0
     previous: tuple[LaunchResult, ...] = ()
+    job_index: int | None = None
+    rejoins: int = 0
 
     @property
     def ok(self) -> bool:
+        if self.job_index is not None:
+            return not self.timed_out and self.workers[self.job_index].returncode == 0
         return not self.timed_out and all(w.returncode == 0 for w in self.workers)
 
     @property
@@ -72,7 +87,14 @@ class LaunchResult:
 
     @property
     def first_failure(self) -> WorkerResult | None:
-        """The worker that failed first on its own; else any worker that failed."""
+        """The worker that failed first on its own; else any worker that failed.
+
+        In a parameter-server job, the chief when it failed (its error says why).
+        """
+        if self.job_index is not None:
+            chief = self.workers[self.job_index]
+            if chief.returncode not in (0, None):
+                return chief
         own = [w for w in self.workers if w.returncode not in (0, None)]
         own = [w for w in own if not w.stopped]
         if own:
@@ -97,7 +119,7 @@ class LaunchResult:
         failure = self.first_failure
         when = "" if failure.seconds is None else f" after {failure.seconds:.1f} s"
         head = (
-            f"worker {failure.index} exited with code "
+            f"{failure.name} exited with code "
             f"{_describe_code(failure.returncode)}{when}, the first to fail"
         )
         early = [
@@ -111,7 +133,9 @@ class LaunchResult:
         if early:
             names = ", ".join(f"{w.index} (at {w.seconds:.1f} s)" for w in early)
             head += f"; before that, worker(s) {names} had exited with code 0"
-        stopped = [w.index for w in self.workers if w.stopped]
+        stopped = [
+            w.index if w.label is None else w.label for w in self.workers if w.stopped
+        ]
         if stopped and any(m in failure.output for m in _COLLECTIVE_TIMEOUT_MARKERS):
             head += (
                 f"; it timed out waiting for its peers in a collective while "
@@ -129,7 +153,7 @@ class LaunchResult:
         failure = self.first_failure
         order = sorted(self.workers, key=lambda w: w is not failure)
         tails = "\n".join(
-            f"--- worker {w.index} (exit {_describe_code(w.returncode)}"
+            f"--- {w.name} (exit {_describe_code(w.returncode)}"
             f"{', stopped by the launcher' if w.stopped else ''}) ---\n"
             f"{w.output[-6000:]}"
             for w in order

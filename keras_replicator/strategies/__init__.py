@@ -4,13 +4,17 @@ from keras_replicator.strategies._auto import auto
 from keras_replicator.strategies._devices import split_cpu
 from keras_replicator.strategies._roles import is_chief
 from keras_replicator.strategies._wrap_optimizer import wrap_optimizer
+from keras_replicator.strategies.all_reduce_options import AllReduceOptions
 from keras_replicator.strategies.multi_device import MultiDeviceReplicator
 from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
+from keras_replicator.strategies.parameter_server import ParameterServerReplicator
 from keras_replicator.strategies.tpu import TPUReplicator
 
 __all__ = [
+    "AllReduceOptions",
     "MultiDeviceReplicator",
     "MultiWorkerReplicator",
+    "ParameterServerReplicator",
     "TPUReplicator",
     "auto",
     "is_chief",

@@ -8,9 +8,11 @@ import sys
 
 import tensorflow as tf
 
+from keras_replicator import _tf_config
 from keras_replicator.strategies import _cluster_config, _devices
 from keras_replicator.strategies.multi_device import MultiDeviceReplicator
 from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
+from keras_replicator.strategies.parameter_server import ParameterServerReplicator
 from keras_replicator.strategies.tpu import TPUReplicator, tpu_environment_hint
 
 
@@ -37,7 +39,8 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
     1. A TPU, if the environment shows one (Colab, Cloud TPU VM): `TPUReplicator`.
     2. A cluster described by `TF_CONFIG` (e.g. a Kubernetes TFJob or
        `keras-replicator launch`) or by Slurm (`SLURM_NTASKS` > 1):
-       `MultiWorkerReplicator`.
+       `MultiWorkerReplicator`; `ParameterServerReplicator` when `TF_CONFIG`
+       lists `ps` tasks (on worker and ps tasks, this serves and blocks).
     3. Several local GPUs, or `num_replicas` logical CPUs: `MultiDeviceReplicator`.
     4. Otherwise one device (a `MultiDeviceReplicator` with one replica, so the
        replica API works the same).
@@ -69,7 +72,11 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
     if hint:
         strategy = TPUReplicator()
         reason = f"a TPU was found ({hint})"
-    elif _cluster_config.describes_cluster(_cluster_config.read_tf_config()):
+    elif _cluster_config.has_parameter_servers(_tf_config.read_tf_config()):
+        # On worker and ps tasks this serves and never returns.
+        strategy = ParameterServerReplicator()
+        reason = f"TF_CONFIG lists parameter servers ({strategy.num_workers} workers)"
+    elif _cluster_config.describes_cluster(_tf_config.read_tf_config()):
         strategy = MultiWorkerReplicator()
         reason = f"TF_CONFIG describes a cluster of {strategy.num_workers} workers"
     elif _slurm_cluster():

@@ -3,54 +3,172 @@
 Every gradient all-reduce of a Replicator strategy (the sample-weighted mean of
 `fit` / `run_steps` / `wrap_optimizer`, and the stock-contract sum of a plain
 `strategy.run` loop, see `_gradients`) ends in `all_reduce_sum`. What it does
-with the bytes (packing, bucketing, compression, hierarchy) is this module's
-concern alone; the reduction rule (what is summed, what it is divided by) is
-`_gradients`'.
+with the bytes is this module's concern alone; the reduction rule (what is
+summed, what it is divided by) is `_gradients`'.
+
+The bytes follow the strategy's `kr.AllReduceOptions` (a stock strategy, e.g. a
+`tf.distribute.MirroredStrategy` under `kr.wrap_optimizer`, gets the defaults):
+
+1. dense gradients are grouped by dtype and fused into buckets in reverse layer
+   order (`_buckets`), one collective per bucket (a flat buffer; the socket ring
+   reads the tensors directly), so a bucket can travel while the backward pass
+   is still producing earlier layers';
+2. a bucket may be cast to 16 bits for the wire (`_compression`);
+3. a bucket is summed by the strategy's collectives, by a hierarchical
+   all-reduce over native sub-groups with `hierarchy=` (`_hierarchy`), or, with
+   `transport="socket"`, by our TCP ring (`_socket_ring`).
+
+`tf.IndexedSlices` gradients keep TensorFlow's own sparse path (an all-gather),
+uncompressed. The exact float32 scalars (sample counts) ride uncompressed with the
+first float32 / float64 bucket, or with the first fp16 scale all-reduce, or alone.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import tensorflow as tf
 
+from keras_replicator.strategies import _buckets, _compression, _hierarchy
+from keras_replicator.strategies.all_reduce_options import AllReduceOptions
 
-def all_reduce_sum(gradients, exact=()):
+OPTIONS_ATTRIBUTE = "_kr_all_reduce_options"
+RING_ATTRIBUTE = "_kr_socket_ring"
+TIMEOUT_ATTRIBUTE = "_kr_collective_timeout"
+# Per graph, the output of its last socket all-reduce: the next one waits for it,
+# so every worker runs them in the same (program) order.
+_LAST_RING_OP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MB = 1e6
+
+
+def options_of(strategy) -> AllReduceOptions:
+    """The strategy's all-reduce options; defaults for stock strategies."""
+    return getattr(strategy, OPTIONS_ATTRIBUTE, None) or AllReduceOptions()
+
+
+def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None):
     """Sums tensors over all replicas; call in a replica context.
 
     Args:
         gradients: A list of dense tensors or `tf.IndexedSlices` (no `None`), of
             any floating dtypes. May be sent in reduced precision when the
-            strategy's options ask for compression.
+            options ask for compression.
         exact: Float32 scalars (sample counts) that must be summed exactly, never
             compressed. Defaults to `()`.
+        options: Overrides the current strategy's `AllReduceOptions`. Defaults
+            to `None`.
 
     Returns:
         `(summed_gradients, summed_exact)`: lists in the order given.
     """
     context = tf.distribute.get_replica_context()
+    if options is None:
+        options = options_of(tf.distribute.get_strategy())
     gradients = list(gradients)
-    exact = list(exact)
-    # One all-reduce per gradient dtype (TF packs a list into one buffer, which needs
-    # a single dtype); the exact scalars ride with float32 or float64 gradients,
-    # where they stay exact, or go alone.
+    pending_exact = [tf.cast(e, tf.float32) for e in exact]
+    reducer = _Reducer(context, options, tf.distribute.get_strategy())
+    summed: dict = {}
+    sparse = [i for i, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
     groups: dict = {}
     for i, grad in enumerate(gradients):
-        groups.setdefault(_dtype(grad), []).append(i)
-    carrier = next((d for d in (tf.float32, tf.float64) if d in groups), None)
-    summed: dict = {}
+        if i not in sparse:
+            groups.setdefault(grad.dtype, []).append(i)
     summed_exact = None
-    for dtype, indices in groups.items():
-        values = [gradients[i] for i in indices]
-        if exact and dtype == carrier:
-            values += [tf.cast(e, dtype) for e in exact]
-        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
-        if exact and dtype == carrier:
-            summed_exact = [tf.cast(r, tf.float32) for r in reduced[len(indices) :]]
-            reduced = reduced[: len(indices)]
-        summed.update(zip(indices, reduced))
-    if exact and summed_exact is None:
-        summed_exact = context.all_reduce(tf.distribute.ReduceOp.SUM, exact)
+    bucket_bytes = options.resolved_bucket_mb() * _MB
+    # Float32 / float64 first: their first bucket carries the exact scalars.
+    dtypes = sorted(groups, key=lambda d: d not in (tf.float32, tf.float64))
+    for dtype in dtypes:
+        indices = groups[dtype]
+        tensors = [gradients[i] for i in indices]
+        sizes = [_buckets.num_bytes(t) for t in tensors]
+        for bucket in _buckets.plan(sizes, bucket_bytes):
+            members = [tensors[j] for j in bucket]
+            carry = pending_exact if dtype in (tf.float32, tf.float64) else []
+            reduced, carried = reducer.reduce_bucket(members, carry)
+            if carry:
+                summed_exact, pending_exact = carried, []
+            summed.update((indices[j], r) for j, r in zip(bucket, reduced))
+    if sparse:
+        reduced = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, [gradients[i] for i in sparse]
+        )
+        summed.update(zip(sparse, reduced))
+    if pending_exact:
+        summed_exact = context.all_reduce(tf.distribute.ReduceOp.SUM, pending_exact)
     return [summed[i] for i in range(len(gradients))], list(summed_exact or [])
 
 
-def _dtype(grad):
-    return grad.values.dtype if isinstance(grad, tf.IndexedSlices) else grad.dtype
+class _Reducer:
+    """Sums one bucket at a time with the strategy's collectives and options."""
+
+    def __init__(self, context, options: AllReduceOptions, strategy):
+        self._context = context
+        self._options = options
+        self._ring = None
+        self._timeout = getattr(strategy, TIMEOUT_ATTRIBUTE, None)
+        if options.transport == "socket":
+            self._ring = getattr(strategy, RING_ATTRIBUTE, None)
+            if self._ring is None:
+                raise ValueError(
+                    "`transport='socket'` needs a `MultiWorkerReplicator` built "
+                    "with it: `kr.MultiWorkerReplicator(all_reduce="
+                    "kr.AllReduceOptions(transport='socket'))`. Received: "
+                    f"strategy={strategy!r}."
+                )
+
+    def _sum(self, value):
+        if self._ring is None and self._options.hierarchy is not None:
+            return _hierarchy.sum_over_replicas(
+                value, self._options.hierarchy, self._options.group_size, self._timeout
+            )
+        if self._ring is None:
+            return self._context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+        return self._ring_sum([value])[0]
+
+    def _ring_sum(self, values):
+        graph = tf.compat.v1.get_default_graph()
+        previous = _LAST_RING_OP.get(graph)
+        with tf.control_dependencies([previous] if previous is not None else []):
+            summed = tf.numpy_function(
+                self._ring.all_reduce,
+                values,
+                [v.dtype for v in values],
+                name="socket_all_reduce",
+            )
+        for s, v in zip(summed, values):
+            s.set_shape(v.shape)
+        _LAST_RING_OP[graph] = summed[0]
+        return list(summed)
+
+    def reduce_bucket(self, members, exact):
+        """Returns `(summed members, summed exact)` for one bucket of one dtype."""
+        dtype = members[0].dtype
+        compression = self._options.compression
+        if self._ring is not None and not _compression.compresses(compression, dtype):
+            # The ring reads the gradients and writes the sums directly: no flat copy.
+            extra = [tf.cast(tf.stack(exact), dtype)] if exact else []
+            summed = self._ring_sum(list(members) + extra)
+            if exact:
+                return summed[:-1], tf.unstack(tf.cast(summed[-1], tf.float32))
+            return summed, []
+        flat = _buckets.flatten(members)
+        if not _compression.compresses(compression, dtype):
+            if exact:
+                flat = tf.concat([flat, tf.cast(tf.stack(exact), dtype)], axis=0)
+            flat = self._sum(flat)
+            summed_exact = []
+            if exact:
+                summed_exact = tf.unstack(tf.cast(flat[-len(exact) :], tf.float32))
+                flat = flat[: -len(exact)]
+            return _buckets.unflatten(flat, members), summed_exact
+        scale = None
+        summed_exact = []
+        if _compression.needs_scale(compression):
+            head = self._sum(tf.stack([_compression.local_max_abs(flat), *exact]))
+            scale = _compression.scale_for(head[0])
+            summed_exact = tf.unstack(head[1:]) if exact else []
+        elif exact:
+            summed_exact = tf.unstack(self._sum(tf.stack(exact)))
+        wire = self._sum(_compression.encode(flat, compression, scale))
+        flat = _compression.decode(wire, dtype, scale)
+        return _buckets.unflatten(flat, members), summed_exact

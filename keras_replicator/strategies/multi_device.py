@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _devices
+from keras_replicator.strategies import _communication, _devices
+from keras_replicator.strategies import all_reduce_options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
 
@@ -27,6 +28,8 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
             Defaults to `None` (TensorFlow's choice).
         num_replicas: Number of replicas when `devices` is not given. Defaults to
             `None`: all local GPUs, or the current number of logical CPUs.
+        all_reduce: A `kr.AllReduceOptions` for the gradient all-reduce (buckets,
+            wire compression). Defaults to `None`: `kr.AllReduceOptions()`.
 
     Raises:
         ValueError: If `num_replicas` devices cannot be made or `devices` and
@@ -39,7 +42,16 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
     2
     """
 
-    def __init__(self, devices=None, cross_device_ops=None, *, num_replicas=None):
+    def __init__(
+        self, devices=None, cross_device_ops=None, *, num_replicas=None, all_reduce=None
+    ):
+        options = _options.validate(all_reduce)
+        if options.transport != "collective":
+            raise ValueError(
+                "`transport` must be 'collective' on one machine (the socket ring "
+                "connects worker processes). Received: "
+                f"transport={options.transport!r}. Use kr.MultiWorkerReplicator."
+            )
         _devices.validate_num_replicas(num_replicas)
         if devices is None:
             devices = _devices.local_replica_devices(num_replicas)
@@ -51,3 +63,4 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
             )
         self._kr_prepare()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+        setattr(self, _communication.OPTIONS_ATTRIBUTE, options)

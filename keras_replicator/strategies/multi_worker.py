@@ -6,7 +6,9 @@ import os
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _cluster_config
+from keras_replicator import _tf_config
+from keras_replicator.strategies import _communication, _socket_ring
+from keras_replicator.strategies import all_reduce_options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
 DEFAULT_COLLECTIVE_TIMEOUT = 60.0
@@ -48,6 +50,10 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
         collective_timeout: Seconds a collective may wait for its peers before it
             fails. Defaults to `None`: `KERAS_REPLICATOR_COLLECTIVE_TIMEOUT` if set,
             else 60.
+        all_reduce: A `kr.AllReduceOptions` for the gradient all-reduce (buckets,
+            wire compression). Its buckets replace `communication_options`'
+            `bytes_per_pack` for gradients; the other collectives keep it.
+            Defaults to `None`: `kr.AllReduceOptions()`.
 
     Example:
     >>> import keras_replicator as kr
@@ -60,9 +66,11 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
         communication_options=None,
         *,
         collective_timeout: float | None = None,
+        all_reduce=None,
     ):
+        options = _options.validate(all_reduce)
         if cluster_resolver is None:
-            _cluster_config.read_tf_config()
+            _tf_config.read_tf_config()
         if collective_timeout is None:
             collective_timeout = _default_timeout()
         if not collective_timeout > 0:
@@ -83,3 +91,14 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             cluster_resolver=cluster_resolver,
             communication_options=communication_options,
         )
+        setattr(self, _communication.OPTIONS_ATTRIBUTE, options)
+        setattr(self, _communication.TIMEOUT_ATTRIBUTE, collective_timeout)
+        if options.transport == "socket":
+            if len(self.extended.worker_devices) != 1:
+                raise ValueError(
+                    "`transport='socket'` needs one replica per worker (CPU "
+                    f"workers). Received: {len(self.extended.worker_devices)} local "
+                    "devices. Use transport='collective' on multi-GPU workers."
+                )
+            ring = _socket_ring.SocketRing.connect(self, timeout=collective_timeout)
+            setattr(self, _communication.RING_ATTRIBUTE, ring)

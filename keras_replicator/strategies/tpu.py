@@ -6,6 +6,8 @@ import os
 
 import tensorflow as tf
 
+from keras_replicator.strategies import _communication
+from keras_replicator.strategies import all_reduce_options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
 
@@ -65,6 +67,12 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
             environment (Colab, TPU VM).
         experimental_device_assignment: As for `tf.distribute.TPUStrategy`.
             Defaults to `None`.
+        all_reduce: A `kr.AllReduceOptions`. On a TPU only `compression` changes
+            the traffic (the cast is compiled into the XLA step); XLA's all-reduce
+            combiner re-fuses buckets, so `bucket_mb` only changes the graph;
+            `hierarchy` must be `None` (the interconnect's all-reduce is already
+            a 2-D torus reduction).
+            Untested on TPU hardware. Defaults to `None`: `kr.AllReduceOptions()`.
 
     Raises:
         RuntimeError: If no TPU is reachable.
@@ -74,13 +82,29 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
     >>> strategy = kr.TPUReplicator()  # doctest: +SKIP
     """
 
-    def __init__(self, tpu=None, experimental_device_assignment=None):
+    def __init__(
+        self, tpu=None, experimental_device_assignment=None, *, all_reduce=None
+    ):
+        options = _options.validate(all_reduce)
+        if options.transport != "collective":
+            raise ValueError(
+                "`transport` must be 'collective' on a TPU. Received: "
+                f"transport={options.transport!r}."
+            )
+        if options.hierarchy is not None:
+            raise ValueError(
+                "`hierarchy` must be None on a TPU: the TPU interconnect already "
+                "all-reduces over its 2-D torus (Ying et al.'s scheme), and the "
+                "sub-group collectives it is built from have no TPU kernels. "
+                f"Received: hierarchy={options.hierarchy!r}."
+            )
         resolver = connect_tpu(tpu)
         self._kr_prepare()
         super().__init__(
             tpu_cluster_resolver=resolver,
             experimental_device_assignment=experimental_device_assignment,
         )
+        setattr(self, _communication.OPTIONS_ATTRIBUTE, options)
 
     def _kr_is_multi_worker(self) -> bool:
         return False

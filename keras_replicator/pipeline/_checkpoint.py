@@ -1,0 +1,76 @@
+"""Re-materialization: keep a stage's input, recompute its activations when needed.
+
+GPipe stores only the activations at stage boundaries during the forward pass and
+recomputes each stage's forward pass just before its backward pass (Huang et al.
+2019, section 2.2), so peak activation memory per stage falls from
+O(M * layers/K * batch/M) to O(batch + layers/K * batch/M).
+
+Why not `tf.recompute_grad`: in a `tf.function` graph it builds the recomputation as
+ops whose inputs (the stage input and the weights) are ready during the forward
+pass, and TensorFlow's executor runs every op as soon as its inputs are ready: the
+"recomputed" activations are then computed right away and held until the backward
+pass, which saves nothing. Here the recomputation reads its inputs through
+identities that have a control dependency on the incoming gradient, so it cannot
+start before the backward pass reaches the stage. The forward function is pure
+(it takes the weights as tensors through Keras' `stateless_call`), so the second
+run sees the same weights and the same random seeds (dropout masks are equal) and
+updates no state; state updates are taken from the first run only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+
+def checkpointed(run: Callable, x, weights: list, device: str):
+    """Runs `y, extras = run(x, weights)`, recomputing it during back-propagation.
+
+    Args:
+        run: a pure function of a tensor `x` and a list of weight tensors, returning
+            an output tensor and a nest of non-differentiable extras (state
+            updates, statistics).
+        x: the stage input.
+        weights: the trainable weight values (tensors read from the variables).
+        device: where the recomputation runs.
+
+    Returns:
+        `(y, extras)` from the forward run; gradients of `y` flow to `x` and
+        `weights` through a recomputation.
+
+    Example:
+    >>> w = tf.Variable(2.0)
+    >>> with tf.GradientTape() as tape:
+    ...     y, _ = checkpointed(lambda x, ws: (x * ws[0], ()), tf.constant(3.0),
+    ...                         [w.read_value()], "/cpu:0")
+    >>> float(tape.gradient(y, w))
+    3.0
+    """
+    extras = []
+
+    @tf.custom_gradient
+    def forward(x, *weights):
+        y, first_extras = run(x, list(weights))
+        extras.append(first_extras)
+
+        def backward(dy):
+            with tf.device(device):
+                with tf.control_dependencies([dy]):
+                    x_again = tf.identity(x)
+                    weights_again = [tf.identity(w) for w in weights]
+                with tf.GradientTape() as tape:
+                    tape.watch([x_again, *weights_again])
+                    y_again, _ = run(x_again, weights_again)
+                grads = tape.gradient(
+                    y_again,
+                    [x_again, *weights_again],
+                    output_gradients=dy,
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
+                )
+            return grads
+
+        return tf.identity(y), backward
+
+    y = forward(x, *weights)
+    return y, extras[0]

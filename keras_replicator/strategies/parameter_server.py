@@ -1,0 +1,105 @@
+"""`ParameterServerReplicator`: asynchronous training with parameter servers."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_replicator import _tf_config
+from keras_replicator.strategies import _cluster_config, _ps_serving
+
+PS_MARKER = "_kr_is_parameter_server"
+
+
+class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
+    """Asynchronous data parallelism: workers step independently, variables on ps.
+
+    A `tf.distribute.ParameterServerStrategy` on which Keras 3 `fit`, `evaluate`
+    and `predict` work from the chief (stock Keras 3 fails on it: its epoch
+    iterator cannot use a per-worker dataset). Each training step is a function
+    the chief's `tf.distribute.experimental.coordinator.ClusterCoordinator`
+    schedules on whichever worker is free; a slow worker does not hold the others
+    back, and the steps of a worker that dies are run again on the others.
+
+    The same script runs on every task. On the `chief` the constructor returns a
+    strategy; on `worker` and `ps` tasks it starts the task's server and blocks
+    until the job ends (SIGTERM, which `keras-replicator launch --ps K` sends when
+    the chief exits), then exits the process with code 0.
+
+    Async training is not bit-exact: gradients are computed on weights other
+    workers have since changed (staleness), and training logs are read from
+    metric variables several workers update at once. See `docs/async.md`.
+
+    Args:
+        cluster_resolver: A `tf.distribute.cluster_resolver.ClusterResolver`.
+            Defaults to `None`: read `TF_CONFIG` (validated first, with errors
+            naming the malformed field); it must list `chief`, `worker` and `ps`.
+        variable_partitioner: Passed to `tf.distribute.ParameterServerStrategy`,
+            e.g. `tf.distribute.experimental.partitioners.MinSizePartitioner()`
+            to shard large variables over the parameter servers. Defaults to
+            `None` (no sharding).
+
+    Example:
+    >>> import keras_replicator as kr
+    >>> strategy = kr.ParameterServerReplicator()  # doctest: +SKIP
+    >>> with strategy.scope():  # doctest: +SKIP
+    ...     model = build_model()
+    ...     model.compile("adam", "sparse_categorical_crossentropy")
+    >>> model.fit(x, y, batch_size=32, epochs=3)  # doctest: +SKIP
+    """
+
+    def __init__(self, cluster_resolver=None, variable_partitioner=None):
+        if cluster_resolver is None:
+            config = _tf_config.read_tf_config()
+            _cluster_config.check_parameter_server_cluster(config)
+            cluster_resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        if cluster_resolver.task_type in _ps_serving.SERVING_TASKS:
+            _ps_serving.serve_forever(cluster_resolver)
+        super().__init__(cluster_resolver, variable_partitioner=variable_partitioner)
+        setattr(self, PS_MARKER, True)
+        self._kr_resolver = cluster_resolver
+        self.lost_steps = 0
+        self._kr_coordinator = None
+        from keras_replicator.strategies import _ps_keras
+
+        _ps_keras.install()
+
+    @property
+    def coordinator(self):
+        """The `ClusterCoordinator` that schedules work on the workers (one per job)."""
+        if self._kr_coordinator is None:
+            self._kr_coordinator = (
+                tf.distribute.experimental.coordinator.ClusterCoordinator(self)
+            )
+        return self._kr_coordinator
+
+    @property
+    def num_workers(self) -> int:
+        """How many worker tasks execute the scheduled steps."""
+        return len(self._kr_resolver.cluster_spec().as_dict().get("worker", []))
+
+    def distribute_input(self, input_fn):
+        """`input_fn(input_context)` → a per-worker dataset (one pipeline per worker).
+
+        Iterate it with `iter(...)` and pass the iterator to `run_steps`.
+        """
+        from keras_replicator.strategies import _ps_steps
+
+        return _ps_steps.distribute_input(self, input_fn)
+
+    def run_steps(self, step_fn, inputs, *, num_steps: int = 1):
+        """Schedules `num_steps` calls of `step_fn(batch)` on a free worker.
+
+        Returns a `RemoteValue` of the last step's outputs (`.fetch()` it); call
+        `strategy.coordinator.join()` to wait for every scheduled step.
+        """
+        from keras_replicator.strategies import _ps_steps
+
+        return _ps_steps.run_steps(self, step_fn, inputs, num_steps=num_steps)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_workers={self.num_workers})"
+
+
+def is_parameter_server(strategy) -> bool:
+    """Whether `strategy` is a `ParameterServerReplicator`."""
+    return getattr(strategy, PS_MARKER, False)
