@@ -15,6 +15,14 @@ start before the backward pass reaches the stage. The forward function is pure
 (it takes the weights as tensors through Keras' `stateless_call`), so the second
 run sees the same weights and the same random seeds (dropout masks are equal) and
 updates no state; state updates are taken from the first run only.
+
+The recomputations of one stage are also chained: each waits (control dependency)
+for the gradients of the stage's previously built backward pass, so at most one
+micro-batch's recomputed activations per stage are alive at a time. Without the
+chain, the M backward passes of the last stage become ready together (their
+gradients come from one loss) and the executor interleaves them, holding up to M
+micro-batches of recomputed activations. The chain follows the order in which the
+tape builds the backward passes, so it cannot form a cycle.
 """
 
 from __future__ import annotations
@@ -24,7 +32,22 @@ from collections.abc import Callable
 import tensorflow as tf
 
 
-def checkpointed(run: Callable, x, weights: list, device: str):
+class BackwardChain:
+    """The last backward pass built for a stage, which the next one waits for."""
+
+    def __init__(self):
+        self.last: list = []
+
+    def after(self) -> list:
+        return list(self.last)
+
+    def record(self, grads: list) -> None:
+        self.last = [g for g in grads if g is not None]
+
+
+def checkpointed(
+    run: Callable, x, weights: list, device: str, chain: BackwardChain | None = None
+):
     """Runs `y, extras = run(x, weights)`, recomputing it during back-propagation.
 
     Args:
@@ -34,6 +57,8 @@ def checkpointed(run: Callable, x, weights: list, device: str):
         x: the stage input.
         weights: the trainable weight values (tensors read from the variables).
         device: where the recomputation runs.
+        chain: the stage's `BackwardChain`; recomputations sharing one run one
+            after another. None runs this one as soon as its gradient is ready.
 
     Returns:
         `(y, extras)` from the forward run; gradients of `y` flow to `x` and
@@ -56,7 +81,8 @@ def checkpointed(run: Callable, x, weights: list, device: str):
 
         def backward(dy):
             with tf.device(device):
-                with tf.control_dependencies([dy]):
+                waits_for = [dy, *(chain.after() if chain is not None else [])]
+                with tf.control_dependencies(waits_for):
                     x_again = tf.identity(x)
                     weights_again = [tf.identity(w) for w in weights]
                 with tf.GradientTape() as tape:
@@ -68,6 +94,8 @@ def checkpointed(run: Callable, x, weights: list, device: str):
                     output_gradients=dy,
                     unconnected_gradients=tf.UnconnectedGradients.ZERO,
                 )
+            if chain is not None:
+                chain.record(grads)
             return grads
 
         return tf.identity(y), backward

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from keras_replicator._arguments import check_int
 from keras_replicator.pipeline import _microbatch, _partition, _schedule
-from keras_replicator.pipeline._checkpoint import checkpointed
+from keras_replicator.pipeline._checkpoint import BackwardChain, checkpointed
 from keras_replicator.pipeline._stage import Stage
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
@@ -139,6 +139,7 @@ class GPipe(keras.Model):
         outputs = list(microbatches)
         values = [None] * len(self._stages)
         bn_stats = [[] for _ in self._stages]
+        chains = [BackwardChain() for _ in self._stages]
         for clock in _schedule.clock_cycles(len(microbatches), len(self._stages)):
             for i, k in clock:
                 stage = self._stages[k]
@@ -152,6 +153,7 @@ class GPipe(keras.Model):
                             outputs[i],
                             weights,
                             stage.device,
+                            chains[k],
                         )
                     else:
                         y, (state, stats) = stage.run(
