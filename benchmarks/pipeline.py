@@ -4,16 +4,17 @@ Every measurement runs in its own process (peak memory is per process; thread
 settings are fixed at start-up), in rotating order over several rounds; medians.
 
 Throughput: K = 2 stages, one intra-op thread per op and two inter-op threads, so a
-single chain of ops keeps one core busy and only independent work (stage k on
-micro-batch i while stage k + 1 is on i - 1) fills the second. Baselines in the same
-run: the plain model on one device (1 intra-op thread, and 2, which is what a user
-would run on 2 cores). Two limit rows say what the pipeline can reach here: the
-*parallel ceiling*, two independent 1-thread processes training at once (their summed
+single chain of ops keeps one core busy and only independent work (stage k on micro-
+batch i while stage k + 1 is on i - 1) fills the second. Baselines in the same run:
+the plain model on one device (1 intra-op thread, and 2, which is what a user would
+run on 2 cores). Two limit rows say what the pipeline can reach here: the *parallel
+ceiling*, two independent 1-thread processes training at once (their summed
 samples/s over one alone: what 2 cores give to two fully independent chains), and
 the *micro-batch efficiency*, the plain model's samples/s at batch B/8 over batch B
-(smaller matmuls, and per-step weight-gradient work that does not shrink with the
-batch). Their product bounds GPipe M=8. Shown at batch 4096 (512-row micro-batches)
-and 512 (64-row micro-batches).
+(smaller matmuls, and per-step work that does not shrink with the batch). Their
+product estimates GPipe M=8 (pessimistic at small batches: a plain step at B/8 pays
+the optimizer update and the per-step overhead 8 times, GPipe once per mini-batch).
+Shown at batch 4096 (512-row micro-batches) and 512 (64-row micro-batches).
 
 Memory: TF's CPU allocator switched to its BFC allocator
 (`TF_CPU_ALLOCATOR_USE_BFC=true`), whose statistics give the peak bytes in use
@@ -326,7 +327,16 @@ def main(rounds: int, steps: int) -> None:
             indent=1,
         )
     )
-    _plot(names, median, memory)
+    _plot(names, median, memory, cap)
+
+
+def replot() -> None:
+    """Prints the tables and redraws the PNG from `pipeline.json` (no measuring)."""
+    saved = json.loads((HERE / "pipeline.json").read_text())
+    names, median = list(saved["median"]), saved["median"]
+    cap = {mode: tuple(value) for mode, value in saved["deepest"].items()}
+    print(_tables(names, median, saved["memory"], cap))
+    _plot(names, median, saved["memory"], cap)
 
 
 def _tables(names, median, memory, cap) -> str:
@@ -382,7 +392,7 @@ def _tables(names, median, memory, cap) -> str:
     }.items():
         bound[key] = median[together] * median[micro] / median[one] / median[m1]
     lines.append(
-        "| M=8 bound: ceiling x efficiency, vs GPipe M=1 "
+        "| M=8 estimate: ceiling x efficiency, vs GPipe M=1 "
         f"| {bound['big']:.2f}x | {bound['small']:.2f}x |"
     )
     lines.append(
@@ -413,20 +423,30 @@ def _tables(names, median, memory, cap) -> str:
     return "\n".join(lines)
 
 
-def _plot(names, median, memory) -> None:
+def _plot(names, median, memory, cap) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(14, 5))
+    fig, (a, b, c) = plt.subplots(
+        1,
+        3,
+        figsize=(20, 6),
+        layout="constrained",
+        gridspec_kw={"width_ratios": [4, 4, 1.5]},
+    )
     a.barh(names, [median[n] for n in names])
-    a.set_xlabel("samples/s (median; 'at once' rows: sum of both processes)")
+    a.set_xlabel("samples/s (median; 'at once' rows: both processes summed)")
     a.set_title(f"K=2 stages on 2 logical CPUs, 16x512 MLP, batch {BATCH}")
     b.barh(list(memory), [r["allocator_mb"] for r in memory.values()])
-    b.set_xlabel("peak TF allocator MB during a training step, above the weights")
-    b.set_title("re-materialization")
-    fig.tight_layout()
+    b.set_xlabel("peak allocator MB in a step, above the weights")
+    b.set_title("re-materialization (K=2, M=4)")
+    modes = list(cap)
+    c.bar(modes, [cap[m][0] for m in modes])
+    c.set_xlabel("checkpoint")
+    c.set_ylabel("layers")
+    c.set_title(f"{CAP_MB} MB allocator cap:\ndeepest 256-wide MLP\nthat trains")
     fig.savefig(HERE / "pipeline.png", dpi=100)
 
 
@@ -435,8 +455,13 @@ if __name__ == "__main__":
     parser.add_argument("--worker")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw from pipeline.json, no runs"
+    )
     args = parser.parse_args()
-    if args.worker:
+    if args.replot:
+        replot()
+    elif args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
     else:
         main(args.rounds, args.steps)
