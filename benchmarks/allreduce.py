@@ -11,8 +11,11 @@ interleaved round by round (median over rounds):
 * `stock per-tensor`: one `ReplicaContext.all_reduce` per tensor;
 * `stock 1 pack`: the whole list in one call (TensorFlow's default);
 * `stock pack=XMB`: one call with `CommunicationOptions(bytes_per_pack=X MB)`;
-* `ours ...`: `_communication.all_reduce_sum` with each `kr.AllReduceOptions`
-  (default: 16 MB buckets on TensorFlow's collectives);
+* `ours default`: `_communication.all_reduce_sum` with `kr.AllReduceOptions()`
+  on a `MultiWorkerReplicator` built with the defaults (which picks the socket
+  ring for CPU workers, checked);
+* `collective ...`: the same with `transport="collective"` (TensorFlow's
+  collectives) and each bucket size / compression;
 * `ours local_then_global g=2` / `ours 2d g=2`: the hierarchical schemes with
   rows of 2 workers (one row on 2 workers, a 2 x 2 grid on 4);
 * `socket ...`: the same with `transport="socket"` (our TCP ring).
@@ -26,7 +29,9 @@ Reports time, effective rate (float32 bytes / time), bus bandwidth
 
 `--fit` then measures Keras `fit` of a 6.3M-parameter MLP (784-2048-2048-256-10,
 25 MB of gradients a step, global batch 256) on 2 worker processes (1 intra-op
-thread each) against one process with 2 threads, for stock
+thread each) against one process with 2 threads, and against two processes that
+train on half the batch each at the same time with no communication at all (the
+ceiling of any transport on these cores), for stock
 packing (our strategy with `bucket_mb=0`: one pack, as stock; stock
 `MultiWorkerMirroredStrategy` itself cannot run Keras 3 `fit`, keras-team/keras#20585)
 and our strategy per option. Steady state only: the
@@ -36,6 +41,7 @@ configuration is a fresh process group; configurations alternate over `--rounds`
 
     python benchmarks/allreduce.py [--workers 2 4] [--rounds 5] [--fit]
     python benchmarks/allreduce.py --devices 4
+    python benchmarks/allreduce.py --timeline benchmarks/allreduce_timeline.png
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ def configurations():
     import keras_replicator as kr
 
     socket = functools.partial(kr.AllReduceOptions, transport="socket")
+    collective = functools.partial(kr.AllReduceOptions, transport="collective")
     hierarchy = functools.partial(kr.AllReduceOptions, group_size=2)
     return {
         "stock per-tensor": ("per_tensor", None),
@@ -75,10 +82,11 @@ def configurations():
         "stock pack=4MB": ("stock", 4),
         "stock pack=32MB": ("stock", 32),
         "ours default": ("ours", kr.AllReduceOptions()),
-        "ours 4MB": ("ours", kr.AllReduceOptions(bucket_mb=4)),
-        "ours 1 pack": ("ours", kr.AllReduceOptions(bucket_mb=0)),
-        "ours bf16": ("ours", kr.AllReduceOptions(compression="bf16")),
-        "ours fp16": ("ours", kr.AllReduceOptions(compression="fp16")),
+        "collective 16MB": ("ours", collective()),
+        "collective 4MB": ("ours", collective(bucket_mb=4)),
+        "collective 1 pack": ("ours", collective(bucket_mb=0)),
+        "collective bf16": ("ours", collective(compression="bf16")),
+        "collective fp16": ("ours", collective(compression="fp16")),
         # Rows of 2 workers: on 2 workers one row (row collectives only), on 4 a
         # 2 x 2 grid. With 1 device per worker every link is the same loopback.
         "ours local_then_global g=2": (
@@ -88,7 +96,6 @@ def configurations():
         "ours 2d g=2": ("ours", hierarchy(hierarchy="2d")),
         "socket 1 pack": ("ours", socket(bucket_mb=0)),
         "socket 4MB": ("ours", socket(bucket_mb=4)),
-        "socket default": ("ours", socket()),
         "socket bf16": ("ours", socket(compression="bf16")),
         "socket fp16": ("ours", socket(compression="fp16")),
     }
@@ -136,9 +143,9 @@ def worker(args) -> None:
     import keras_replicator as kr
     from keras_replicator.strategies import _communication
 
-    strategy = kr.MultiWorkerReplicator(
-        collective_timeout=300, all_reduce=kr.AllReduceOptions(transport="socket")
-    )
+    strategy = kr.MultiWorkerReplicator(collective_timeout=300)
+    if strategy.all_reduce_options.transport != "socket":
+        raise SystemExit("the default transport here should be the socket ring")
     rank = int(os.environ["KERAS_REPLICATOR_WORKER_INDEX"])
     size = strategy.num_replicas_in_sync
     shapes = resnet50_shapes()
@@ -207,33 +214,74 @@ def worker(args) -> None:
 # --------------------------------------------------------------------------- fit
 FIT_CONFIGS = {
     "one process, 2 threads": None,
-    "ours 1 pack (stock packing)": {"bucket_mb": 0},
-    "ours default": {},
-    "ours 4MB": {"bucket_mb": 4},
-    "ours bf16": {"compression": "bf16"},
-    "ours socket": {"transport": "socket"},
-    "ours socket 1MB": {"transport": "socket", "bucket_mb": 1},
+    "2 processes, no communication": "independent",
+    "2 one-worker strategies, no communication": "solo",
+    "2 stock one-device MirroredStrategies, no communication": "mirrored",
+    "ours default (socket ring, 16 MB)": {},
+    "collective 1 pack (stock packing)": {"transport": "collective", "bucket_mb": 0},
+    "collective 16MB": {"transport": "collective"},
+    "collective bf16": {"transport": "collective", "compression": "bf16"},
+    "socket 1MB": {"transport": "socket", "bucket_mb": 1},
+    "socket bf16": {"transport": "socket", "compression": "bf16"},
 }
 
 
-def fit_worker(config: str) -> None:
+TIMELINE_CONFIGS = {
+    "socket 1MB": {"transport": "socket", "bucket_mb": 1},
+    "socket 1 pack": {"transport": "socket", "bucket_mb": 0},
+}
+
+
+def _trace_ring_calls() -> list:
+    """Records (start, end, bytes) of every socket-ring call in this process."""
+    from keras_replicator.strategies import _socket_ring
+
+    calls = []
+    original = _socket_ring.SocketRing.all_reduce
+
+    def traced(self, *arrays):
+        start = time.perf_counter()
+        out = original(self, *arrays)
+        calls.append((start, time.perf_counter(), sum(a.nbytes for a in arrays)))
+        return out
+
+    _socket_ring.SocketRing.all_reduce = traced
+    return calls
+
+
+def fit_worker(config: str, trace: bool = False, inter_op: int | None = None) -> None:
+    calls = _trace_ring_calls() if trace else None
+    setting = {**FIT_CONFIGS, **TIMELINE_CONFIGS}[config]
+    independent = setting in ("independent", "solo", "mirrored")
+    if setting == "solo":  # this worker alone: a cluster of one, no peers
+        task = json.loads(os.environ["TF_CONFIG"])
+        address = task["cluster"]["worker"][task["task"]["index"]]
+        os.environ["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": [address]}, "task": {"type": "worker", "index": 0}}
+        )
     import tensorflow as tf
 
-    setting = FIT_CONFIGS[config]
     threads = 2 if setting is None else 1
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op or threads)
     import keras
     import numpy as np
 
     import keras_replicator as kr
 
-    if setting is None:
+    if setting is None or setting == "independent":
         strategy = tf.distribute.get_strategy()
+    elif setting == "solo":
+        strategy = kr.MultiWorkerReplicator()
+    elif setting == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     else:
         strategy = kr.MultiWorkerReplicator(all_reduce=kr.AllReduceOptions(**setting))
-    # The dataset's batch is the global batch (tf.distribute splits it).
-    global_batch, steps = 256, 40
+    # The dataset's batch is the global batch (tf.distribute splits it). Two
+    # independent processes each train on half of it, with no communication: the
+    # ceiling of any data-parallel transport on these cores; as one-worker
+    # strategies, the ceiling of any transport under tf.distribute.
+    global_batch, steps = (128 if independent else 256), 40
     rng = np.random.default_rng(0)
     x = rng.normal(size=(global_batch * steps, 784)).astype("float32")
     y = rng.integers(0, 10, len(x))
@@ -258,7 +306,7 @@ def fit_worker(config: str) -> None:
             stamps.append(time.perf_counter())
 
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
-    if setting is not None:
+    if isinstance(setting, dict):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.OFF
@@ -273,6 +321,8 @@ def fit_worker(config: str) -> None:
             "step": statistics.median(steady),
             "params": model.count_params(),
         }
+        if calls is not None:
+            result["stamps"], result["calls"] = stamps, calls
         print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -286,7 +336,7 @@ def fit_benchmark(rounds: int) -> None:
     for _ in range(rounds):
         for name, setting in FIT_CONFIGS.items():
             command = [sys.executable, __file__, "--fit-worker", name]
-            if setting is None:
+            if setting is None:  # "independent" runs 2 processes, as the workers
                 done = subprocess.run(
                     command, capture_output=True, text=True, timeout=600
                 )
@@ -315,6 +365,94 @@ def fit_benchmark(rounds: int) -> None:
             f"{name:<24} {speed:>11,.0f} {speed / base:>12.2f} "
             f"{statistics.median(first[name]):>11.1f}"
         )
+
+
+def timeline(png: str) -> None:
+    """When do the gradient buckets travel, relative to the training step?
+
+    Runs the MLP's `fit` on 2 workers with the socket ring twice: 1 MB buckets
+    (each layer's gradients travel on their own) and one pack (one call, which can
+    only start once the whole backward pass is done). Ring calls are chained in
+    program order and otherwise wait only for their bucket's gradients, so a call
+    that starts before the one-pack call's start travelled while the backward pass
+    was still computing earlier layers' gradients: that is the overlap.
+    """
+    from keras_replicator.launch import run_workers
+
+    steps = {}
+    runs = [(name, inter) for inter in (1, 2) for name in TIMELINE_CONFIGS]
+    for name, inter in runs:
+        command = [sys.executable, __file__, "--fit-worker", name, "--trace"]
+        command += ["--inter-op", str(inter)]
+        name = f"{name}, {inter} inter-op thread{'s' if inter > 1 else ''}"
+        output = run_workers(command, 2, timeout=600, echo=False).workers[0].output
+        lines = [ln for ln in output.splitlines() if ln.startswith("RESULT ")]
+        if not lines:
+            raise SystemExit(f"timeline run {name!r} failed:\n{output[-3000:]}")
+        result = json.loads(lines[-1][len("RESULT ") :])
+        stamps, calls = result["stamps"], result["calls"]
+        rows = []
+        for step in range(10, len(stamps) - 1):  # steady steps: (start, end]
+            begin, end = stamps[step], stamps[step + 1]
+            inside = [(a - begin, b - begin, n) for a, b, n in calls if begin < a < end]
+            rows.append({"step": end - begin, "calls": inside})
+        steps[name] = rows
+    print("\nfit timeline, socket ring, 2 workers (ms from the previous batch end;")
+    print("median over steady steps; a call is one bucket)")
+    summary = {}
+    for name, rows in steps.items():
+        count = statistics.mode(len(r["calls"]) for r in rows)
+        rows = [r for r in rows if len(r["calls"]) == count]
+        starts = [
+            statistics.median(r["calls"][k][0] for r in rows) for k in range(count)
+        ]
+        ends = [statistics.median(r["calls"][k][1] for r in rows) for k in range(count)]
+        sizes = [rows[0]["calls"][k][2] / MB for k in range(count)]
+        step = statistics.median(r["step"] for r in rows)
+        summary[name] = (step, starts, ends, sizes)
+        print(f"{name}: step {step * 1e3:.0f} ms, {count} ring calls")
+        for k in range(count):
+            print(
+                f"  call {k + 1}: {sizes[k]:6.2f} MB  {starts[k] * 1e3:6.1f} -> "
+                f"{ends[k] * 1e3:6.1f} ms"
+            )
+    for inter in ("1 inter-op thread", "2 inter-op threads"):
+        starts, ends = summary[f"socket 1MB, {inter}"][1:3]
+        gaps = [s - e for s, e in zip(starts[1:], ends)]
+        # A call that starts well after the previous one ended was waiting for its
+        # gradients: every call before the last such wait travelled while the
+        # backward pass was still computing.
+        waits = [k for k, g in enumerate(gaps) if g > 0.002]
+        overlapped = (
+            sum(ends[k] - starts[k] for k in range(waits[-1] + 1)) if waits else 0.0
+        )
+        print(
+            f"{inter}, 1 MB buckets: gaps between calls "
+            f"{', '.join(f'{g * 1e3:.1f}' for g in gaps)} ms; "
+            f"{overlapped * 1e3:.1f} ms of ring time before the last wait for "
+            "gradients (travelled during the backward pass)"
+        )
+    _plot_timeline(summary, png)
+
+
+def _plot_timeline(summary, png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 3.6), layout="constrained")
+    for y, (step, starts, ends, _) in enumerate(summary.values()):
+        ax.broken_barh(
+            [(s * 1e3, (e - s) * 1e3) for s, e in zip(starts, ends)],
+            (y - 0.3, 0.6),
+            facecolors=["C0", "C1"] * len(starts),
+        )
+        ax.plot([step * 1e3] * 2, [y - 0.4, y + 0.4], "k--")
+    ax.set_yticks(range(len(summary)), list(summary))
+    ax.set_xlabel("ms from the previous batch end (dashed: the step's end)")
+    ax.set_title("socket-ring calls inside a steady fit step, MLP, 2 workers")
+    fig.savefig(png, dpi=100)
 
 
 # --------------------------------------------------------------------------- devices
@@ -412,12 +550,23 @@ def main() -> None:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fit-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--inter-op", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--timeline",
+        default=None,
+        metavar="PNG",
+        help="only: when the fit step's buckets travel (1 MB vs one pack), + PNG",
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
     if args.fit_worker is not None:
-        fit_worker(args.fit_worker)
+        fit_worker(args.fit_worker, trace=args.trace, inter_op=args.inter_op)
+        return
+    if args.timeline:
+        timeline(args.timeline)
         return
     if args.devices:
         devices_worker(args.devices, args.rounds)

@@ -25,6 +25,7 @@ first float32 / float64 bucket, or with the first fp16 scale all-reduce, or alon
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import tensorflow as tf
@@ -55,15 +56,20 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
             options ask for compression.
         exact: Float32 scalars (sample counts) that must be summed exactly, never
             compressed. Defaults to `()`.
-        options: Overrides the current strategy's `AllReduceOptions`. Defaults
+        options: Overrides the current strategy's `AllReduceOptions`; a
+            `transport` of `None` there means the strategy's transport. Defaults
             to `None`.
 
     Returns:
         `(summed_gradients, summed_exact)`: lists in the order given.
     """
     context = tf.distribute.get_replica_context()
+    strategy_options = options_of(tf.distribute.get_strategy())
     if options is None:
-        options = options_of(tf.distribute.get_strategy())
+        options = strategy_options
+    elif options.transport is None:  # the strategy's choice, unless hierarchical
+        transport = "collective" if options.hierarchy else strategy_options.transport
+        options = dataclasses.replace(options, transport=transport)
     gradients = list(gradients)
     pending_exact = [tf.cast(e, tf.float32) for e in exact]
     reducer = _Reducer(context, options, tf.distribute.get_strategy())

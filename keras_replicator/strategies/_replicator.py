@@ -9,7 +9,11 @@ step builders ask of a strategy.
 from __future__ import annotations
 
 from keras_replicator import _compat
-from keras_replicator.strategies import _keras_integration, _step_api
+from keras_replicator.strategies import (
+    _communication,
+    _keras_integration,
+    _step_api,
+)
 
 
 class ReplicatorMixin:
@@ -69,6 +73,17 @@ class ReplicatorMixin:
         return _step_api.run_steps(
             self, step_fn, inputs, num_steps=num_steps, reduce=reduce
         )
+
+    @property
+    def all_reduce_options(self):
+        """The `kr.AllReduceOptions` in use, with the transport the strategy chose.
+
+        Example:
+        >>> import keras_replicator as kr
+        >>> kr.MultiDeviceReplicator(num_replicas=2).all_reduce_options.transport
+        'collective'
+        """
+        return _communication.options_of(self)
 
     @property
     def num_workers(self) -> int:

@@ -10,11 +10,12 @@ halves that. This module sums a flat buffer with the textbook ring
 connection to each ring neighbour, so each byte is copied by the kernel and added
 once by numpy.
 
-It is used as ``tf.numpy_function`` per gradient bucket, so only under
-`MultiWorkerReplicator(all_reduce=kr.AllReduceOptions(transport="socket"))` with
-one replica per worker (CPU workers). Calls are serialized in graph order (each
-bucket's op has a control dependency on the previous one), so every worker sends
-the same buckets in the same order. A dead or hung peer fails the call after the
+It is used as ``tf.numpy_function`` per gradient bucket, by a
+`MultiWorkerReplicator` whose workers have one CPU replica each: by default when
+every worker can open it (`transport=None`), always with `transport="socket"`.
+Calls are serialized in graph order (each bucket's op has a control dependency on
+the previous one), so every worker sends the same buckets in the same order. A dead
+peer fails the call at once (its connection closes), a hung one after the
 strategy's collective timeout, like TensorFlow's collectives.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -38,39 +40,57 @@ class SocketRing:
         self._lock = threading.Lock()
 
     @classmethod
-    def connect(cls, strategy, timeout: float) -> SocketRing:
+    def connect(
+        cls, strategy, timeout: float, required: bool = True
+    ) -> SocketRing | None:
         """Opens the ring among the strategy's workers (call on every worker).
 
         The listening ports and IPv4 addresses are exchanged with one all-reduce
-        of the strategy, so no port needs to be configured.
+        of the strategy, so no port needs to be configured. Every worker learns
+        whether every other one could listen and connect (two more all-reduces),
+        so all of them take the same decision.
+
+        Args:
+            strategy: The `MultiWorkerReplicator` being built.
+            timeout: Seconds a ring call may wait for a peer.
+            required: Raise if the ring cannot be opened on every worker.
+                Otherwise return `None` (the caller falls back to the
+                collectives); connecting then waits at most `AUTO_CONNECT_TIMEOUT`.
+
+        Returns:
+            This worker's `SocketRing`, or `None` if `required` is False and some
+            worker could not open it.
+
+        Raises:
+            RuntimeError: If `required` and some worker could not open the ring,
+                naming the worker and the reason.
         """
-        resolver = strategy.cluster_resolver
-        address = resolver.cluster_spec().task_address(
-            resolver.task_type, resolver.task_id
-        )
-        host = socket.gethostbyname(address.rsplit(":", 1)[0])
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.bind((host, 0))
-        server.listen(1)
-        port = server.getsockname()[1]
         size = strategy.num_replicas_in_sync
-        row = [float(int(part)) for part in host.split(".")] + [float(port)]
-
-        def exchange():
-            context = tf.distribute.get_replica_context()
-            rank = context.replica_id_in_sync_group
-            mine = tf.one_hot(rank, size)[:, None] * tf.constant([row])
-            return context.all_reduce("sum", mine), rank
-
-        table, rank = strategy.run(exchange)
-        table = strategy.experimental_local_results(table)[0].numpy()
-        rank = int(strategy.experimental_local_results(rank)[0])
+        server, row, problem = _listen(strategy)
+        table, rank = _share(strategy, row + [1.0 if problem is None else 0.0])
+        failed = [r for r in range(size) if table[r][5] == 0.0]
+        if failed:
+            if server is not None:
+                server.close()
+            return _give_up(required, failed, problem)
+        wait = timeout if required else min(timeout, AUTO_CONNECT_TIMEOUT)
         right = table[(rank + 1) % size]
-        right_host = ".".join(str(int(v)) for v in right[:4])
-        send = socket.create_connection((right_host, int(right[4])), timeout=timeout)
-        server.settimeout(timeout)
-        receive, _ = server.accept()
+        send = receive = None
+        try:
+            right_host = ".".join(str(int(v)) for v in right[:4])
+            send = socket.create_connection((right_host, int(right[4])), timeout=wait)
+            server.settimeout(wait + 5.0)  # the left neighbour may start a bit later
+            receive, _ = server.accept()
+        except OSError as error:
+            problem = f"{type(error).__name__}: {error}"
         server.close()
+        table, _ = _share(strategy, [0.0 if problem is None else 1.0])
+        failed = [r for r in range(size) if table[r][0] != 0.0]
+        if failed:
+            for s in (send, receive):
+                if s is not None:
+                    s.close()
+            return _give_up(required, failed, problem)
         for s in (send, receive):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.settimeout(timeout)
@@ -105,24 +125,23 @@ class SocketRing:
                         out.append(f[a - start : b - start])
                 return out
 
-            scratch = np.empty(max(np.diff(bounds)), flats[0].dtype)
             widen = flats[0].dtype.itemsize < 4
             for step in range(n - 1):  # reduce-scatter
                 sent = (rank - step) % n
                 target = (rank - step - 1) % n
-                incoming = scratch[: bounds[target + 1] - bounds[target]]
                 source = flats if step == 0 else results
-                self._exchange(pieces(source, sent), [incoming])
-                at = 0
-                for mine, into in zip(pieces(flats, target), pieces(results, target)):
-                    part = incoming[at : at + into.size]
-                    at += into.size
+                # The partial sum arrives straight in the result's chunk (not yet
+                # used: each chunk is visited once), and this worker's part is
+                # added in place: no scratch buffer to allocate and fault in.
+                into = pieces(results, target)
+                self._exchange(pieces(source, sent), into)
+                for mine, part in zip(pieces(flats, target), into):
                     if widen:
-                        into[...] = (
-                            mine.astype(np.float32) + part.astype(np.float32)
-                        ).astype(into.dtype)
+                        part[...] = (
+                            part.astype(np.float32) + mine.astype(np.float32)
+                        ).astype(part.dtype)
                     else:
-                        np.add(mine, part, out=into)
+                        np.add(part, mine, out=part)
             for step in range(n - 1):  # all-gather
                 sent, target = (rank - step + 1) % n, (rank - step) % n
                 self._exchange(pieces(results, sent), pieces(results, target))
@@ -154,6 +173,64 @@ class SocketRing:
             raise RuntimeError(
                 f"Socket all-reduce failed on worker {self.rank}: {errors[0]}."
             )
+
+
+AUTO_CONNECT_TIMEOUT = 10.0
+
+
+def _listen(strategy):
+    """Binds a listening socket on this worker's `TF_CONFIG` address.
+
+    Returns `(server, [a, b, c, d, port], problem)`; `server` is None and `problem`
+    a description if this worker cannot listen (an unresolvable or non-IPv4
+    address, an address not on this machine).
+    """
+    resolver = strategy.cluster_resolver
+    address = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
+    try:
+        host = socket.gethostbyname(address.rsplit(":", 1)[0])
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            server.bind((host, 0))
+            server.listen(1)
+        except OSError:
+            server.close()
+            raise
+    except OSError as error:
+        return None, [0.0] * 5, f"cannot listen on {address!r}: {error}"
+    port = server.getsockname()[1]
+    return server, [float(int(part)) for part in host.split(".")] + [float(port)], None
+
+
+def _share(strategy, row):
+    """All workers' `row`s as a table (one all-reduce), and this worker's rank."""
+    size = strategy.num_replicas_in_sync
+
+    def exchange():
+        context = tf.distribute.get_replica_context()
+        rank = context.replica_id_in_sync_group
+        mine = tf.one_hot(rank, size)[:, None] * tf.constant([row])
+        return context.all_reduce("sum", mine), rank
+
+    table, rank = strategy.run(exchange)
+    table = strategy.experimental_local_results(table)[0].numpy()
+    return table, int(strategy.experimental_local_results(rank)[0])
+
+
+def _give_up(required: bool, failed, problem) -> None:
+    mine = f" Here: {problem}." if problem else ""
+    message = (
+        f"The socket ring could not be opened on worker(s) {failed}.{mine} It needs "
+        "each worker's TF_CONFIG address to be an IPv4 address of that machine, and "
+        "TCP between workers on any port."
+    )
+    if required:
+        raise RuntimeError(
+            message + " Use kr.AllReduceOptions(transport='collective') (or None) "
+            "instead."
+        )
+    warnings.warn(message + " Using TensorFlow's collectives instead.", stacklevel=3)
+    return None
 
 
 def _aligned_empty(size: int, dtype) -> np.ndarray:

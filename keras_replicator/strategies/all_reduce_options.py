@@ -7,7 +7,7 @@ import math
 
 COMPRESSIONS = (None, "fp16", "bf16")
 HIERARCHIES = (None, "local_then_global", "2d")
-TRANSPORTS = ("collective", "socket")
+TRANSPORTS = (None, "collective", "socket")
 
 # Tuned on 2 CPU cores, 2 worker processes on 127.0.0.1, TF 2.21 (see
 # benchmarks/allreduce.py and docs/communication.md).
@@ -63,8 +63,12 @@ class AllReduceOptions:
             a `MultiWorkerReplicator` with one replica per worker: CPU workers;
             3-5x faster than gRPC on loopback, see docs/communication.md). The
             socket transport opens one TCP connection from each worker to the next
-            on a free port of the address in `TF_CONFIG`. Defaults to
-            `"collective"`.
+            on a free port of the address in `TF_CONFIG`. Defaults to `None`: the
+            strategy picks. A `MultiWorkerReplicator` of several CPU workers with
+            one replica each and no `hierarchy` uses the socket ring if every
+            worker can open it (else, with a warning, the collectives); every
+            other strategy uses the collectives. The choice made is in
+            `strategy.all_reduce_options.transport`.
 
     Raises:
         ValueError: If a field has a value outside those listed, naming the field.
@@ -91,7 +95,7 @@ class AllReduceOptions:
     bucket_mb: float | None = None
     compression: str | None = None
     hierarchy: str | None = None
-    transport: str = "collective"
+    transport: str | None = None
     group_size: int | None = None
 
     def __post_init__(self):
@@ -136,7 +140,7 @@ class AllReduceOptions:
                 f"`transport` must be one of {list(TRANSPORTS)}. Received: "
                 f"transport={self.transport!r}."
             )
-        if self.hierarchy is not None and self.transport != "collective":
+        if self.hierarchy is not None and self.transport == "socket":
             raise ValueError(
                 "`hierarchy` needs transport='collective' (the socket ring joins "
                 "workers with one replica each, where there is no hierarchy). "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from keras_replicator.strategies import _communication, _devices
@@ -46,11 +48,12 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
         self, devices=None, cross_device_ops=None, *, num_replicas=None, all_reduce=None
     ):
         options = _options.validate(all_reduce)
-        if options.transport != "collective":
+        if options.transport == "socket":
             raise ValueError(
-                "`transport` must be 'collective' on one machine (the socket ring "
-                "connects worker processes). Received: "
-                f"transport={options.transport!r}. Use kr.MultiWorkerReplicator."
+                "`transport='socket'` connects worker processes; on one machine "
+                "use transport=None or 'collective'. Received: "
+                f"transport={options.transport!r}. For the ring, use "
+                "kr.MultiWorkerReplicator."
             )
         _devices.validate_num_replicas(num_replicas)
         if devices is None:
@@ -63,4 +66,8 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
             )
         self._kr_prepare()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
-        setattr(self, _communication.OPTIONS_ATTRIBUTE, options)
+        setattr(
+            self,
+            _communication.OPTIONS_ATTRIBUTE,
+            dataclasses.replace(options, transport="collective"),
+        )

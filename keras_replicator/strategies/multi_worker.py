@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import tensorflow as tf
@@ -51,9 +52,13 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             fails. Defaults to `None`: `KERAS_REPLICATOR_COLLECTIVE_TIMEOUT` if set,
             else 60.
         all_reduce: A `kr.AllReduceOptions` for the gradient all-reduce (buckets,
-            wire compression). Its buckets replace `communication_options`'
-            `bytes_per_pack` for gradients; the other collectives keep it.
-            Defaults to `None`: `kr.AllReduceOptions()`.
+            wire compression, transport). Its buckets replace
+            `communication_options`' `bytes_per_pack` for gradients; the other
+            collectives keep it. Defaults to `None`: `kr.AllReduceOptions()`,
+            whose `transport=None` picks our socket ring when the workers are
+            several CPU processes with one replica each and every one of them can
+            open it (3-5x the collectives' rate here), else TensorFlow's
+            collectives; `strategy.all_reduce_options.transport` says which.
 
     Example:
     >>> import keras_replicator as kr
@@ -91,8 +96,8 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             cluster_resolver=cluster_resolver,
             communication_options=communication_options,
         )
-        setattr(self, _communication.OPTIONS_ATTRIBUTE, options)
         setattr(self, _communication.TIMEOUT_ATTRIBUTE, collective_timeout)
+        ring = None
         if options.transport == "socket":
             if len(self.extended.worker_devices) != 1:
                 raise ValueError(
@@ -101,4 +106,26 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                     "devices. Use transport='collective' on multi-GPU workers."
                 )
             ring = _socket_ring.SocketRing.connect(self, timeout=collective_timeout)
+        elif options.transport is None and self._kr_ring_fits(options):
+            ring = _socket_ring.SocketRing.connect(
+                self, timeout=collective_timeout, required=False
+            )
+        if ring is not None:
             setattr(self, _communication.RING_ATTRIBUTE, ring)
+        transport = "collective" if ring is None else "socket"
+        setattr(
+            self,
+            _communication.OPTIONS_ATTRIBUTE,
+            dataclasses.replace(options, transport=transport),
+        )
+
+    def _kr_ring_fits(self, options) -> bool:
+        """Whether the default transport is the socket ring: several CPU workers,
+        one replica each, no hierarchy (the measured case, docs/communication.md)."""
+        devices = self.extended.worker_devices
+        return (
+            options.hierarchy is None
+            and len(devices) == 1
+            and "CPU" in devices[0].upper()
+            and self.num_replicas_in_sync > 1
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import tensorflow as tf
@@ -86,9 +87,9 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
         self, tpu=None, experimental_device_assignment=None, *, all_reduce=None
     ):
         options = _options.validate(all_reduce)
-        if options.transport != "collective":
+        if options.transport == "socket":
             raise ValueError(
-                "`transport` must be 'collective' on a TPU. Received: "
+                "`transport` must be None or 'collective' on a TPU. Received: "
                 f"transport={options.transport!r}."
             )
         if options.hierarchy is not None:
@@ -104,7 +105,11 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
             tpu_cluster_resolver=resolver,
             experimental_device_assignment=experimental_device_assignment,
         )
-        setattr(self, _communication.OPTIONS_ATTRIBUTE, options)
+        setattr(
+            self,
+            _communication.OPTIONS_ATTRIBUTE,
+            dataclasses.replace(options, transport="collective"),
+        )
 
     def _kr_is_multi_worker(self) -> bool:
         return False

@@ -61,6 +61,16 @@ def _multi_worker():
     return kr.MultiWorkerReplicator()
 
 
+def _multi_worker_transport(transport):
+    def build():
+        import keras_replicator as kr
+
+        options = kr.AllReduceOptions(transport=transport)
+        return kr.MultiWorkerReplicator(all_reduce=options)
+
+    return build
+
+
 FACTORIES: dict[str, StrategyFactory] = {
     f.name: f
     for f in [
@@ -72,6 +82,18 @@ FACTORIES: dict[str, StrategyFactory] = {
         StrategyFactory("multi-device-2", _multi_device(2)),
         StrategyFactory("multi-device-4", _multi_device(4)),
         StrategyFactory("multi-worker-2", _multi_worker, 2, logical_cpus=1),
+        StrategyFactory(
+            "multi-worker-2-socket",
+            _multi_worker_transport("socket"),
+            2,
+            logical_cpus=1,
+        ),
+        StrategyFactory(
+            "multi-worker-2-collective",
+            _multi_worker_transport("collective"),
+            2,
+            logical_cpus=1,
+        ),
     ]
 }
 

@@ -22,6 +22,9 @@ _SCRIPT = textwrap.dedent(
     import keras, numpy as np
     import keras_replicator as kr
     from tests.strategies._options_training import build, data
+    if os.environ["KERAS_REPLICATOR_WORKER_INDEX"] in sys.argv[4].split(","):
+        from keras_replicator.strategies import _socket_ring
+        _socket_ring._listen = lambda strategy: (None, [0.0] * 5, "made to fail")
     options = kr.AllReduceOptions(**json.loads(sys.argv[1]))
     strategy = kr.MultiWorkerReplicator(collective_timeout=60, all_reduce=options)
     keras.config.set_floatx("float64")
@@ -31,6 +34,7 @@ _SCRIPT = textwrap.dedent(
         model = build()
     model.set_weights([np.asarray(w) for w in json.loads(sys.argv[2])])
     model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
+    print("TRANSPORT " + strategy.all_reduce_options.transport)
     print("WEIGHTS " + json.dumps([w.tolist() for w in model.get_weights()]))
     """
 )
@@ -73,8 +77,22 @@ def one_device(num_samples):
         keras.config.set_dtype_policy("float32")
 
 
-def train_on_workers(options, num_workers, initial, num_samples, timeout):
-    """Each worker's weights after the same `fit` under `options`."""
+def train_on_workers(
+    options,
+    num_workers,
+    initial,
+    num_samples,
+    timeout,
+    *,
+    transport=None,
+    cannot_listen=(),
+):
+    """Each worker's weights after the same `fit` under `options`.
+
+    Args:
+        transport: If given, the transport every worker must report using.
+        cannot_listen: Worker indices made unable to open the socket ring.
+    """
     command = [
         sys.executable,
         "-c",
@@ -82,11 +100,14 @@ def train_on_workers(options, num_workers, initial, num_samples, timeout):
         json.dumps(options),
         json.dumps([w.tolist() for w in initial]),
         str(num_samples),
+        ",".join(str(i) for i in cannot_listen) or "-",
     ]
     result = run_workers(command, num_workers, timeout=timeout, echo=False)
     assert result.ok, "\n".join(w.output[-2000:] for w in result.workers)
     weights = []
     for worker in result.workers:
+        if transport is not None:
+            assert f"TRANSPORT {transport}\n" in worker.output, worker.output[-2000:]
         line = next(
             ln for ln in worker.output.splitlines() if ln.startswith("WEIGHTS ")
         )

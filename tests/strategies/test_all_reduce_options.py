@@ -13,6 +13,7 @@ def test_defaults_and_frozen():
     options = kr.AllReduceOptions()
     assert options.resolved_bucket_mb() == 16.0
     assert options.compression is None and options.hierarchy is None
+    assert options.transport is None  # the strategy picks
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.compression = "fp16"
 
@@ -27,6 +28,7 @@ def test_defaults_and_frozen():
         ({"hierarchy": "3d"}, "hierarchy"),
         ({"hierarchy": "2d", "group_size": 0}, "group_size"),
         ({"hierarchy": "2d", "group_size": 2.0}, "group_size"),
+        ({"transport": "gloo"}, "transport"),
     ],
 )
 def test_bad_values_name_the_field(kwargs, field):
@@ -37,13 +39,27 @@ def test_bad_values_name_the_field(kwargs, field):
 def test_strategies_take_and_expose_the_options():
     options = kr.AllReduceOptions(compression="bf16")
     strategy = kr.MultiDeviceReplicator(num_replicas=2, all_reduce=options)
-    assert _communication.options_of(strategy) is options
-    assert (
-        _communication.options_of(kr.MultiDeviceReplicator(num_replicas=2))
-        == kr.AllReduceOptions()
-    )
+    # One machine: the transport None resolves to the collectives.
+    resolved = dataclasses.replace(options, transport="collective")
+    assert strategy.all_reduce_options == resolved
+    assert _communication.options_of(strategy) == resolved
+    assert kr.MultiDeviceReplicator(
+        num_replicas=2
+    ).all_reduce_options == kr.AllReduceOptions(transport="collective")
     stock = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert _communication.options_of(stock) == kr.AllReduceOptions()
+
+
+def test_the_socket_ring_on_one_machine_is_a_clear_error():
+    with pytest.raises(ValueError, match="`transport='socket'` connects worker"):
+        kr.MultiDeviceReplicator(
+            num_replicas=2, all_reduce=kr.AllReduceOptions(transport="socket")
+        )
+
+
+def test_one_worker_has_no_ring():
+    strategy = kr.MultiWorkerReplicator()  # no TF_CONFIG: one worker
+    assert strategy.all_reduce_options.transport == "collective"
 
 
 def test_wrong_type_is_a_type_error():

@@ -10,18 +10,32 @@ pytestmark = pytest.mark.multi_worker
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    "options, rtol",
+    "options, transport, rtol",
     [
-        ({"transport": "socket", "bucket_mb": 0.0005}, 1e-10),
-        ({"compression": "bf16"}, 0),
+        ({"bucket_mb": 0.0005}, "socket", 1e-10),
+        ({"transport": "socket", "bucket_mb": 0.0005}, "socket", 1e-10),
+        ({"compression": "bf16", "transport": "collective"}, "collective", 0),
     ],
-    ids=["socket-exact", "bf16-collective"],
+    ids=["default-is-the-ring", "socket-exact", "bf16-collective"],
 )
-def test_two_workers_train_to_the_one_device_weights(options, rtol):
+def test_two_workers_train_to_the_one_device_weights(options, transport, rtol):
     initial, expected = one_device(300)
-    weights = train_on_workers(options, 2, initial, 300, timeout=200)
+    weights = train_on_workers(
+        options, 2, initial, 300, timeout=200, transport=transport
+    )
     for e, g in zip(expected, weights[0]):
         if rtol:
             np.testing.assert_allclose(g, e, rtol=rtol, atol=1e-12)
         else:  # bf16 wire: within 2% of the largest weight
             np.testing.assert_allclose(g, e, atol=2e-2 * np.max(np.abs(e)))
+
+
+@pytest.mark.timeout(240)
+def test_the_default_falls_back_to_the_collectives_on_every_worker_together():
+    """Worker 1 cannot listen: both workers agree to use the collectives."""
+    initial, expected = one_device(300)
+    weights = train_on_workers(
+        {}, 2, initial, 300, timeout=200, transport="collective", cannot_listen=[1]
+    )
+    for e, g in zip(expected, weights[0]):
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)

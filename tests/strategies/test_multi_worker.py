@@ -11,11 +11,15 @@ pytestmark = pytest.mark.multi_worker
 
 DEAD_PEER = textwrap.dedent(
     """
-    import os
+    import os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import keras_replicator as kr
     from keras_replicator.testing import _workloads
-    strategy = kr.MultiWorkerReplicator(collective_timeout=10)
+    transport = {"default": None}.get(sys.argv[1], sys.argv[1])
+    strategy = kr.MultiWorkerReplicator(
+        collective_timeout=10, all_reduce=kr.AllReduceOptions(transport=transport)
+    )
+    print("TRANSPORT", strategy.all_reduce_options.transport, flush=True)
     if os.environ["KERAS_REPLICATOR_WORKER_INDEX"] == "1":
         os._exit(0)  # a peer that vanishes without a word
     with strategy.scope():
@@ -28,9 +32,15 @@ DEAD_PEER = textwrap.dedent(
 
 
 @pytest.mark.timeout(300)
-def test_a_dead_peer_is_an_error_not_a_hang():
-    result = run_workers([sys.executable, "-c", DEAD_PEER], 2, timeout=240, echo=False)
+@pytest.mark.parametrize(
+    "transport, used", [("default", "socket"), ("collective", "collective")]
+)
+def test_a_dead_peer_is_an_error_not_a_hang(transport, used):
+    result = run_workers(
+        [sys.executable, "-c", DEAD_PEER, transport], 2, timeout=240, echo=False
+    )
     survivor = result.workers[0]
+    assert f"TRANSPORT {used}" in survivor.output
     assert not result.timed_out, "the survivor hung instead of failing"
     assert survivor.returncode != 0
     assert "FINISHED" not in survivor.output

@@ -68,3 +68,12 @@ def test_a_dead_peer_is_an_error():
     rings[1]._receive.close()
     _, errors = _run(rings[:1], [[np.ones(1000, np.float32)]])
     assert errors and "Socket all-reduce failed on worker 0" in str(errors[0])
+
+
+def test_a_ring_that_cannot_open_names_the_workers_and_the_way_out():
+    from keras_replicator.strategies import _socket_ring
+
+    with pytest.raises(RuntimeError, match=r"worker\(s\) \[1\]\. Here: refused"):
+        _socket_ring._give_up(True, [1], "refused")
+    with pytest.warns(UserWarning, match="Using TensorFlow's collectives instead"):
+        assert _socket_ring._give_up(False, [0, 1], None) is None
