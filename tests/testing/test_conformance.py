@@ -43,3 +43,19 @@ def _multi_worker_rows():
 def test_multi_worker_strategy_passes(check):
     row = _multi_worker_rows()[check]
     assert row.passed, row.detail
+
+
+@functools.cache
+def _collective_rows():
+    rows = run_conformance(["multi-worker-2-collective"], timeout=900)
+    return {row.check: row for row in rows}
+
+
+@pytest.mark.slow
+@pytest.mark.multi_worker
+@pytest.mark.timeout(960)
+@pytest.mark.parametrize("check", CHECK_NAMES)
+def test_multi_worker_on_the_collectives_passes(check):
+    """The default is the socket ring; TensorFlow's collectives must pass too."""
+    row = _collective_rows()[check]
+    assert row.passed, row.detail
