@@ -1,8 +1,9 @@
 """The conformance suite on our strategies: every check must pass.
 
 Local strategies run in this process (on the session's 4 logical CPUs); the
-multi-worker strategy runs once in 2 real worker processes on 127.0.0.1 and each
-check's row is asserted separately.
+multi-worker strategy runs once in 2 real worker processes on 127.0.0.1 (on its
+default transport, the socket ring; on TensorFlow's collectives in the slow run) and
+each check's row is asserted separately.
 """
 
 import functools
