@@ -21,7 +21,7 @@ lint: install
 	$(PY) -m ruff format --check keras_replicator tests benchmarks examples
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

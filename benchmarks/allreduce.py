@@ -29,7 +29,8 @@ Reports time, effective rate (float32 bytes / time), bus bandwidth
 
 `--fit` then measures Keras `fit` of a 6.3M-parameter MLP (784-2048-2048-256-10,
 25 MB of gradients a step, global batch 256) on 2 worker processes (1 intra-op
-thread each) against one process with 2 threads, and against two processes that
+thread each) and of ResNet-20 (`--fit-model resnet20` or `both`: 0.27M parameters,
+compute-bound) against one process with 2 threads, and against two processes that
 train on half the batch each at the same time with no communication at all (the
 ceiling of any transport on these cores), for stock
 packing (our strategy with `bucket_mb=0`: one pack, as stock; stock
@@ -41,6 +42,7 @@ configuration is a fresh process group; configurations alternate over `--rounds`
 
     python benchmarks/allreduce.py [--workers 2 4] [--rounds 5] [--fit]
     python benchmarks/allreduce.py --devices 4
+    python benchmarks/allreduce.py --fit-only --fit-model resnet20
     python benchmarks/allreduce.py --timeline benchmarks/allreduce_timeline.png
 """
 
@@ -249,7 +251,45 @@ def _trace_ring_calls() -> list:
     return calls
 
 
-def fit_worker(config: str, trace: bool = False, inter_op: int | None = None) -> None:
+RESNET20_CONFIGS = (
+    "one process, 2 threads",
+    "2 processes, no communication",
+    "2 one-worker strategies, no communication",
+    "ours default (socket ring, 16 MB)",
+    "collective 1 pack (stock packing)",
+    "collective 16MB",
+)
+
+
+def resnet20(keras):
+    """He et al.'s CIFAR ResNet-20: 3 stages of 3 basic blocks, 16/32/64 filters."""
+    inputs = keras.Input((32, 32, 3))
+
+    def conv_bn(x, filters, strides=1, relu=True):
+        x = keras.layers.Conv2D(filters, 3, strides, padding="same", use_bias=False)(x)
+        x = keras.layers.BatchNormalization()(x)
+        return keras.layers.ReLU()(x) if relu else x
+
+    x = conv_bn(inputs, 16)
+    for stage, filters in enumerate((16, 32, 64)):
+        for block in range(3):
+            strides = 2 if stage and not block else 1
+            shortcut = x
+            y = conv_bn(x, filters, strides)
+            y = conv_bn(y, filters, relu=False)
+            if strides != 1:
+                shortcut = keras.layers.Conv2D(filters, 1, strides, use_bias=False)(x)
+            x = keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+
+def fit_worker(
+    config: str,
+    trace: bool = False,
+    inter_op: int | None = None,
+    model_name: str = "mlp",
+) -> None:
     calls = _trace_ring_calls() if trace else None
     setting = {**FIT_CONFIGS, **TIMELINE_CONFIGS}[config]
     independent = setting in ("independent", "solo", "mirrored")
@@ -281,20 +321,25 @@ def fit_worker(config: str, trace: bool = False, inter_op: int | None = None) ->
     # independent processes each train on half of it, with no communication: the
     # ceiling of any data-parallel transport on these cores; as one-worker
     # strategies, the ceiling of any transport under tf.distribute.
-    global_batch, steps = (128 if independent else 256), 40
+    steps = 40 if model_name == "mlp" else 22
+    global_batch = 128 if independent else 256
+    shape = (784,) if model_name == "mlp" else (32, 32, 3)
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(global_batch * steps, 784)).astype("float32")
+    x = rng.normal(size=(global_batch * steps, *shape)).astype("float32")
     y = rng.integers(0, 10, len(x))
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((784,)),
-                keras.layers.Dense(2048, activation="relu"),
-                keras.layers.Dense(2048, activation="relu"),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(10),
-            ]
-        )
+        if model_name == "mlp":
+            model = keras.Sequential(
+                [
+                    keras.Input((784,)),
+                    keras.layers.Dense(2048, activation="relu"),
+                    keras.layers.Dense(2048, activation="relu"),
+                    keras.layers.Dense(256, activation="relu"),
+                    keras.layers.Dense(10),
+                ]
+            )
+        else:
+            model = resnet20(keras)
         model.compile(
             keras.optimizers.SGD(0.01),
             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -326,16 +371,19 @@ def fit_worker(config: str, trace: bool = False, inter_op: int | None = None) ->
         print("RESULT " + json.dumps(result), flush=True)
 
 
-def fit_benchmark(rounds: int) -> None:
+def fit_benchmark(rounds: int, model_name: str = "mlp") -> None:
     import subprocess
 
     from keras_replicator.launch import run_workers
 
-    samples = {name: [] for name in FIT_CONFIGS}
-    first = {name: [] for name in FIT_CONFIGS}
+    names = list(FIT_CONFIGS) if model_name == "mlp" else list(RESNET20_CONFIGS)
+    samples = {name: [] for name in names}
+    first = {name: [] for name in names}
     for _ in range(rounds):
-        for name, setting in FIT_CONFIGS.items():
+        for name in names:
+            setting = FIT_CONFIGS[name]
             command = [sys.executable, __file__, "--fit-worker", name]
+            command += ["--fit-model", model_name]
             if setting is None:  # "independent" runs 2 processes, as the workers
                 done = subprocess.run(
                     command, capture_output=True, text=True, timeout=600
@@ -352,14 +400,16 @@ def fit_benchmark(rounds: int) -> None:
             samples[name].append(256 / result["step"])
             first[name].append(result["first_step"])
     base = statistics.median(samples["one process, 2 threads"])
-    print(
-        "\nfit, MLP 6.3M parameters (25 MB gradients), global batch 256, steady state"
-    )
+    title = {
+        "mlp": "MLP 6.3M parameters (25 MB gradients)",
+        "resnet20": "ResNet-20 on 32x32x3, 0.27M parameters (1.1 MB gradients)",
+    }[model_name]
+    print(f"\nfit, {title}, global batch 256, steady state")
     print(
         f"{'configuration':<24} {'examples/s':>11} {'/ 1 process':>12} "
         f"{'1st step s':>11}"
     )
-    for name in FIT_CONFIGS:
+    for name in names:
         speed = statistics.median(samples[name])
         print(
             f"{name:<24} {speed:>11,.0f} {speed / base:>12.2f} "
@@ -545,6 +595,10 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="regex of method names")
     parser.add_argument("--fit", action="store_true")
     parser.add_argument("--fit-rounds", type=int, default=2)
+    parser.add_argument("--fit-only", action="store_true", help="skip the all-reduce")
+    parser.add_argument(
+        "--fit-model", choices=["mlp", "resnet20", "both"], default="mlp"
+    )
     parser.add_argument(
         "--devices", type=int, default=0, help="only: N logical CPUs, one process"
     )
@@ -563,7 +617,12 @@ def main() -> None:
         worker(args)
         return
     if args.fit_worker is not None:
-        fit_worker(args.fit_worker, trace=args.trace, inter_op=args.inter_op)
+        fit_worker(
+            args.fit_worker,
+            trace=args.trace,
+            inter_op=args.inter_op,
+            model_name=args.fit_model,
+        )
         return
     if args.timeline:
         timeline(args.timeline)
@@ -575,7 +634,7 @@ def main() -> None:
     from keras_replicator.launch import run_workers
 
     tables = {}
-    for n in args.workers:
+    for n in [] if args.fit_only else args.workers:
         command = [sys.executable, __file__, "--worker", "--rounds", str(args.rounds)]
         if args.only:
             command += ["--only", args.only]
@@ -590,10 +649,12 @@ def main() -> None:
                 print(w.output[-3000:])
             raise SystemExit(f"{n}-worker run failed")
         tables[n] = report(json.loads(lines[-1][len("RESULT ") :]))
-    if args.png:
+    if args.png and tables:
         _plot(tables, args.png)
-    if args.fit:
-        fit_benchmark(args.fit_rounds)
+    if args.fit or args.fit_only:
+        models = ["mlp", "resnet20"] if args.fit_model == "both" else [args.fit_model]
+        for model_name in models:
+            fit_benchmark(args.fit_rounds, model_name)
 
 
 def _plot(tables, path):

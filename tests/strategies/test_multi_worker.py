@@ -33,7 +33,11 @@ DEAD_PEER = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    "transport, used", [("default", "socket"), ("collective", "collective")]
+    "transport, used",
+    [
+        ("default", "socket"),
+        pytest.param("collective", "collective", marks=pytest.mark.slow),
+    ],
 )
 def test_a_dead_peer_is_an_error_not_a_hang(transport, used):
     result = run_workers(
