@@ -64,7 +64,8 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
         `(summed_gradients, summed_exact)`: lists in the order given.
     """
     context = tf.distribute.get_replica_context()
-    strategy_options = options_of(tf.distribute.get_strategy())
+    strategy = tf.distribute.get_strategy()
+    strategy_options = options_of(strategy)
     if options is None:
         options = strategy_options
     elif options.transport is None:  # the strategy's choice, unless hierarchical
@@ -72,7 +73,7 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
         options = dataclasses.replace(options, transport=transport)
     gradients = list(gradients)
     pending_exact = [tf.cast(e, tf.float32) for e in exact]
-    reducer = _Reducer(context, options, tf.distribute.get_strategy())
+    reducer = _Reducer(context, options, strategy)
     summed: dict = {}
     sparse = [i for i, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
     groups: dict = {}

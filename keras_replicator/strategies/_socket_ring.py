@@ -46,9 +46,9 @@ class SocketRing:
         """Opens the ring among the strategy's workers (call on every worker).
 
         The listening ports and IPv4 addresses are exchanged with one all-reduce
-        of the strategy, so no port needs to be configured. Every worker learns
-        whether every other one could listen and connect (two more all-reduces),
-        so all of them take the same decision.
+        of the strategy, so no port needs to be configured. Whether each worker
+        could listen rides with its address, and whether it could connect takes
+        one more all-reduce, so every worker takes the same decision.
 
         Args:
             strategy: The `MultiWorkerReplicator` being built.
@@ -67,8 +67,8 @@ class SocketRing:
         """
         size = strategy.num_replicas_in_sync
         server, row, problem = _listen(strategy)
-        table, rank = _share(strategy, row + [1.0 if problem is None else 0.0])
-        failed = [r for r in range(size) if table[r][5] == 0.0]
+        table, rank = _share(strategy, row + [_flag(problem)])
+        failed = _failed(table)
         if failed:
             if server is not None:
                 server.close()
@@ -84,8 +84,8 @@ class SocketRing:
         except OSError as error:
             problem = f"{type(error).__name__}: {error}"
         server.close()
-        table, _ = _share(strategy, [0.0 if problem is None else 1.0])
-        failed = [r for r in range(size) if table[r][0] != 0.0]
+        table, _ = _share(strategy, [_flag(problem)])
+        failed = _failed(table)
         if failed:
             for s in (send, receive):
                 if s is not None:
@@ -215,6 +215,16 @@ def _share(strategy, row):
     table, rank = strategy.run(exchange)
     table = strategy.experimental_local_results(table)[0].numpy()
     return table, int(strategy.experimental_local_results(rank)[0])
+
+
+def _flag(problem) -> float:
+    """1.0 if this worker had a problem: the last column of a shared row."""
+    return 0.0 if problem is None else 1.0
+
+
+def _failed(table) -> list[int]:
+    """The workers whose shared row ends with a problem flag."""
+    return [rank for rank, row in enumerate(table) if row[-1] != 0.0]
 
 
 def _give_up(required: bool, failed, problem) -> None:

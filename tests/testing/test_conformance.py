@@ -33,8 +33,8 @@ def test_local_strategy_passes(factory, check):
 
 
 @functools.cache
-def _multi_worker_rows():
-    rows = run_conformance(["multi-worker-2"], timeout=900)
+def _multi_worker_rows(factory):
+    rows = run_conformance([factory], timeout=900)
     return {row.check: row for row in rows}
 
 
@@ -42,14 +42,8 @@ def _multi_worker_rows():
 @pytest.mark.timeout(960)
 @pytest.mark.parametrize("check", CHECK_NAMES)
 def test_multi_worker_strategy_passes(check):
-    row = _multi_worker_rows()[check]
+    row = _multi_worker_rows("multi-worker-2")[check]
     assert row.passed, row.detail
-
-
-@functools.cache
-def _collective_rows():
-    rows = run_conformance(["multi-worker-2-collective"], timeout=900)
-    return {row.check: row for row in rows}
 
 
 @pytest.mark.slow
@@ -58,5 +52,5 @@ def _collective_rows():
 @pytest.mark.parametrize("check", CHECK_NAMES)
 def test_multi_worker_on_the_collectives_passes(check):
     """The default is the socket ring; TensorFlow's collectives must pass too."""
-    row = _collective_rows()[check]
+    row = _multi_worker_rows("multi-worker-2-collective")[check]
     assert row.passed, row.detail
