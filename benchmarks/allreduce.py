@@ -11,7 +11,7 @@ interleaved round by round (median over rounds):
 * `stock per-tensor`: one `ReplicaContext.all_reduce` per tensor;
 * `stock 1 pack`: the whole list in one call (TensorFlow's default);
 * `stock pack=XMB`: one call with `CommunicationOptions(bytes_per_pack=X MB)`;
-* `ours default`: `_communication.all_reduce_sum` with `kr.AllReduceOptions()`
+* `ours default`: `_all_reduce.all_reduce_sum` with `kr.AllReduceOptions()`
   on a `MultiWorkerReplicator` built with the defaults (which picks the socket
   ring for CPU workers, checked);
 * `collective ...`: the same with `transport="collective"` (TensorFlow's
@@ -143,7 +143,7 @@ def worker(args) -> None:
     import tensorflow as tf
 
     import keras_replicator as kr
-    from keras_replicator.strategies import _communication
+    from keras_replicator.communication import _all_reduce
 
     strategy = kr.MultiWorkerReplicator(collective_timeout=300)
     if strategy.all_reduce_options.transport != "socket":
@@ -171,7 +171,7 @@ def worker(args) -> None:
                 )
                 out = context.all_reduce(sum_op, values, options=options)
             else:
-                out, _ = _communication.all_reduce_sum(values, options=setting)
+                out, _ = _all_reduce.all_reduce_sum(values, options=setting)
             return tf.add_n([tf.reshape(o, [-1])[0] for o in out])
 
         return tf.function(lambda: strategy.run(replica_fn))
@@ -236,7 +236,7 @@ TIMELINE_CONFIGS = {
 
 def _trace_ring_calls() -> list:
     """Records (start, end, bytes) of every socket-ring call in this process."""
-    from keras_replicator.strategies import _socket_ring
+    from keras_replicator.communication import _socket_ring
 
     calls = []
     original = _socket_ring.SocketRing.all_reduce
@@ -516,7 +516,7 @@ def devices_worker(num_devices: int, rounds: int) -> None:
         cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices
     )
     import keras_replicator as kr
-    from keras_replicator.strategies import _communication
+    from keras_replicator.communication import _all_reduce
 
     strategy = kr.MultiDeviceReplicator(num_replicas=num_devices)
     shapes = resnet50_shapes()
@@ -541,7 +541,7 @@ def devices_worker(num_devices: int, rounds: int) -> None:
             values = [g.read_value() for g in grads]
             if options is None:  # every replica copies its bytes once
                 return tf.concat([tf.reshape(v, [-1]) for v in values], 0)[0]
-            out, _ = _communication.all_reduce_sum(values, options=options)
+            out, _ = _all_reduce.all_reduce_sum(values, options=options)
             return tf.add_n([tf.reshape(o, [-1])[0] for o in out])
 
         return tf.function(lambda: strategy.run(replica_fn))

@@ -56,7 +56,7 @@ def measure(name, build, feature_shape, strategy, args):
     import keras
     import numpy as np
 
-    from keras_replicator.strategies import _global_metrics
+    from keras_replicator.keras_integration import _global_metrics
 
     batch, every, block = 128, args.every, args.block
     rng = np.random.default_rng(0)

@@ -1,16 +1,18 @@
 """Fails loudly when a Keras / TensorFlow internal that `_compat` relies on changes."""
 
+import pathlib
+
 import pytest
 
 from keras_replicator import _compat
-from keras_replicator.strategies._keras_integration import install
+from keras_replicator.keras_integration._hooks import install
 
 
 def test_upstream_internals_are_unchanged():
     changed = _compat.check_upstream()
     assert not changed, (
         "Upstream internals that keras_replicator patches or reads have changed; "
-        f"re-read them and update keras_replicator/_compat.py: {changed}"
+        f"re-read them and update keras_replicator/_compat/: {changed}"
     )
 
 
@@ -40,16 +42,34 @@ def test_every_digest_is_recorded(name):
 
 
 def test_compat_is_a_leaf():
-    # `_compat` only touches internals; importing our modules from it would close
-    # an import cycle (issue 11).
+    # `_compat` only touches internals; importing our other modules from it would
+    # close an import cycle (issue 11). Its modules may import each other.
     import ast
-    import inspect
+    import pathlib
 
-    tree = ast.parse(inspect.getsource(_compat))
-    imported = [
-        node.module if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in getattr(node, "names", [])
-    ]
-    assert not [m for m in imported if m and m.startswith("keras_replicator")]
+    package = pathlib.Path(_compat.__file__).parent
+    modules = sorted(package.glob("*.py"))
+    assert len(modules) > 5, modules
+    for path in modules:
+        tree = ast.parse(path.read_text())
+        imported = [
+            node.module if isinstance(node, ast.ImportFrom) else alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in getattr(node, "names", [])
+        ]
+        ours = [m for m in imported if m and m.startswith("keras_replicator")]
+        assert all(m.startswith("keras_replicator._compat") for m in ours), (
+            path.name,
+            ours,
+        )
+
+
+def test_every_patch_module_checks_its_upstream():
+    # A module that patches or reads an internal must also say when it changed.
+    from keras_replicator._compat import _CHECKED
+
+    names = {module.__name__.rsplit(".", 1)[1] for module in _CHECKED}
+    package = pathlib.Path(_compat.__file__).parent
+    modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")}
+    assert modules == names

@@ -39,7 +39,7 @@ import uuid
 import keras
 
 from keras_replicator import _compat
-from keras_replicator.strategies._worker_files import (
+from keras_replicator.keras_integration._worker_files import (
     TEMP_MARKER,
     is_chief,
     save_for_worker,

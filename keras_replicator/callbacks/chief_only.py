@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_replicator.strategies import _roles
+from keras_replicator import _roles
 
 _EVENTS = [
     f"on_{phase}_{edge}"

@@ -9,7 +9,7 @@ exactly the one-device state.
 
 This callback asks the keras_replicator step functions to do that sum every
 `every_n_steps` steps, inside the compiled step (one small fused all-reduce; see
-`strategies/_global_metrics.py`), and to log the resulting values: no extra call
+`keras_integration/_global_metrics.py`), and to log the resulting values: no extra call
 into TensorFlow, no host round trip, and no batch hooks of its own. Keras'
 epoch-end logs are already global under keras_replicator strategies (they read the
 summed variables).
@@ -20,7 +20,7 @@ from __future__ import annotations
 import keras
 
 from keras_replicator import _compat
-from keras_replicator.strategies import _global_metrics
+from keras_replicator.keras_integration import _global_metrics
 
 
 class CrossReplicaMetrics(keras.callbacks.Callback):

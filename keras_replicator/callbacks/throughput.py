@@ -20,8 +20,8 @@ import warnings
 import keras
 import tensorflow as tf
 
-from keras_replicator import replica
-from keras_replicator.strategies import _roles, _sample_counter
+from keras_replicator import _roles, replica
+from keras_replicator.keras_integration import _sample_counter
 
 
 class Throughput(keras.callbacks.Callback):

@@ -1,7 +1,7 @@
 """What every Replicator strategy adds to its stock TensorFlow parent.
 
 The strategies subclass the stock ones (so Keras' own ``isinstance`` checks hold) and
-mix this in: it installs the Keras integration fixes (``_keras_integration.install``),
+mix this in: it installs the Keras integration fixes (``_hooks.install``),
 gives each instance its own collective keys, and answers the few questions our Keras
 step builders ask of a strategy.
 """
@@ -9,11 +9,9 @@ step builders ask of a strategy.
 from __future__ import annotations
 
 from keras_replicator import _compat
-from keras_replicator.strategies import (
-    _communication,
-    _keras_integration,
-    _step_api,
-)
+from keras_replicator.communication import _all_reduce
+from keras_replicator.keras_integration import _hooks
+from keras_replicator.strategies import _step_api
 
 
 class ReplicatorMixin:
@@ -23,7 +21,7 @@ class ReplicatorMixin:
 
     def _kr_prepare(self) -> None:
         """Call before the stock constructor: per-instance collective keys."""
-        _keras_integration.install()
+        _hooks.install()
         # Read by the stock Extended constructor through the container strategy.
         self._collective_key_base = _compat.next_collective_key_base()
 
@@ -83,7 +81,7 @@ class ReplicatorMixin:
         >>> kr.MultiDeviceReplicator(num_replicas=2).all_reduce_options.transport
         'collective'
         """
-        return _communication.options_of(self)
+        return _all_reduce.options_of(self)
 
     @property
     def num_workers(self) -> int:

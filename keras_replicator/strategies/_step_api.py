@@ -16,7 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 from keras import tree
 
-from keras_replicator.strategies import _loop, _sample_count
+from keras_replicator.keras_integration import _loop, _sample_count
 
 _REDUCTIONS = (None, "mean", "sum", "concat", "first")
 

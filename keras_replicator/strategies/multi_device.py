@@ -6,8 +6,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _communication, _devices
-from keras_replicator.strategies import all_reduce_options as _options
+from keras_replicator.communication import _all_reduce
+from keras_replicator.communication import options as _options
+from keras_replicator.strategies import _devices
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
 
@@ -68,6 +69,6 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
         setattr(
             self,
-            _communication.OPTIONS_ATTRIBUTE,
+            _all_reduce.OPTIONS_ATTRIBUTE,
             dataclasses.replace(options, transport="collective"),
         )

@@ -8,8 +8,8 @@ import os
 import tensorflow as tf
 
 from keras_replicator import _tf_config
-from keras_replicator.strategies import _communication, _socket_ring
-from keras_replicator.strategies import all_reduce_options as _options
+from keras_replicator.communication import _all_reduce, _socket_ring
+from keras_replicator.communication import options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
 DEFAULT_COLLECTIVE_TIMEOUT = 60.0
@@ -96,7 +96,7 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             cluster_resolver=cluster_resolver,
             communication_options=communication_options,
         )
-        setattr(self, _communication.TIMEOUT_ATTRIBUTE, collective_timeout)
+        setattr(self, _all_reduce.TIMEOUT_ATTRIBUTE, collective_timeout)
         ring = None
         if options.transport == "socket":
             if len(self.extended.worker_devices) != 1:
@@ -111,11 +111,11 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                 self, timeout=collective_timeout, required=False
             )
         if ring is not None:
-            setattr(self, _communication.RING_ATTRIBUTE, ring)
+            setattr(self, _all_reduce.RING_ATTRIBUTE, ring)
         transport = "collective" if ring is None else "socket"
         setattr(
             self,
-            _communication.OPTIONS_ATTRIBUTE,
+            _all_reduce.OPTIONS_ATTRIBUTE,
             dataclasses.replace(options, transport=transport),
         )
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from keras_replicator import _tf_config
-from keras_replicator.strategies import _cluster_config, _ps_serving
-
-PS_MARKER = "_kr_is_parameter_server"
+from keras_replicator.parameter_server import _serving
+from keras_replicator.parameter_server._marker import PS_MARKER
+from keras_replicator.strategies import _cluster_config
 
 
 class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
@@ -52,16 +52,16 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
             config = _tf_config.read_tf_config()
             _cluster_config.check_parameter_server_cluster(config)
             cluster_resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        if cluster_resolver.task_type in _ps_serving.SERVING_TASKS:
-            _ps_serving.serve_forever(cluster_resolver)
+        if cluster_resolver.task_type in _serving.SERVING_TASKS:
+            _serving.serve_forever(cluster_resolver)
         super().__init__(cluster_resolver, variable_partitioner=variable_partitioner)
         setattr(self, PS_MARKER, True)
         self._kr_resolver = cluster_resolver
         self.lost_steps = 0
         self._kr_coordinator = None
-        from keras_replicator.strategies import _ps_keras
+        from keras_replicator.parameter_server import _keras
 
-        _ps_keras.install()
+        _keras.install()
 
     @property
     def coordinator(self):
@@ -82,9 +82,9 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
 
         Iterate it with `iter(...)` and pass the iterator to `run_steps`.
         """
-        from keras_replicator.strategies import _ps_steps
+        from keras_replicator.parameter_server import _steps
 
-        return _ps_steps.distribute_input(self, input_fn)
+        return _steps.distribute_input(self, input_fn)
 
     def run_steps(self, step_fn, inputs, *, num_steps: int = 1):
         """Schedules `num_steps` calls of `step_fn(batch)` on a free worker.
@@ -92,14 +92,9 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
         Returns a `RemoteValue` of the last step's outputs (`.fetch()` it); call
         `strategy.coordinator.join()` to wait for every scheduled step.
         """
-        from keras_replicator.strategies import _ps_steps
+        from keras_replicator.parameter_server import _steps
 
-        return _ps_steps.run_steps(self, step_fn, inputs, num_steps=num_steps)
+        return _steps.run_steps(self, step_fn, inputs, num_steps=num_steps)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_workers={self.num_workers})"
-
-
-def is_parameter_server(strategy) -> bool:
-    """Whether `strategy` is a `ParameterServerReplicator`."""
-    return getattr(strategy, PS_MARKER, False)

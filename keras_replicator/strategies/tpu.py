@@ -7,8 +7,8 @@ import os
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _communication
-from keras_replicator.strategies import all_reduce_options as _options
+from keras_replicator.communication import _all_reduce
+from keras_replicator.communication import options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
 
@@ -107,7 +107,7 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
         )
         setattr(
             self,
-            _communication.OPTIONS_ATTRIBUTE,
+            _all_reduce.OPTIONS_ATTRIBUTE,
             dataclasses.replace(options, transport="collective"),
         )
 

@@ -205,7 +205,7 @@ def test_save_freq_false_never_backs_up(tmp_path, initial):
 
 
 def test_a_non_chief_writes_nothing_to_the_backup_dir(tmp_path, initial, monkeypatch):
-    from keras_replicator.strategies import _roles
+    from keras_replicator import _roles
 
     monkeypatch.setattr(_roles, "is_chief", lambda strategy=None: False)
     backup = str(tmp_path / "backup")

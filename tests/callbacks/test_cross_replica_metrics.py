@@ -58,7 +58,7 @@ def test_every_step_log_equals_one_device_on_4_replicas():
 
 
 def test_cadence_picks_every_nth_call():
-    from keras_replicator.strategies import _global_metrics
+    from keras_replicator.keras_integration import _global_metrics
 
     model = w.mlp()
     _global_metrics.set_cadence(model, "train", 3)

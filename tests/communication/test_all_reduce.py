@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.strategies import _buckets, _communication, _compression
+from keras_replicator.communication import _all_reduce, _buckets, _compression
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def _reduce(strategy, values, exact, options):
                 tf.float32,
             )
             grads = [_times(v, rid + 1.0) for v in values]
-            summed, counts = _communication.all_reduce_sum(
+            summed, counts = _all_reduce.all_reduce_sum(
                 grads, exact=[e * (rid + 1.0) for e in exact], options=options
             )
             return [tf.convert_to_tensor(s) for s in summed], counts

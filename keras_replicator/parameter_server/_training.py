@@ -29,7 +29,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_replicator import _compat
-from keras_replicator.strategies import _ps_data, _ps_faults
+from keras_replicator.parameter_server import _data, _faults
 
 _functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -57,12 +57,12 @@ def fit(
     del shuffle  # Every worker shuffles its own repeated pipeline.
     _unsupported(validation_split=validation_split, class_weight=class_weight)
     strategy = model.distribute_strategy
-    data = _ps_data.training_input(
+    data = _data.training_input(
         strategy, x, y, sample_weight, batch_size, steps_per_epoch
     )
     _build(model, strategy, data.sample_batch)
     coordinator = strategy.coordinator
-    iterator = _ps_faults.call(
+    iterator = _faults.call(
         lambda: iter(coordinator.create_per_worker_dataset(data.per_worker_fn))
     )
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
@@ -76,7 +76,7 @@ def fit(
         steps=data.steps_per_epoch,
         model=model,
     )
-    faults = _ps_faults.Faults(per_call)
+    faults = _faults.Faults(per_call)
     model.stop_training = False
     callback_list.on_train_begin()
     initial_epoch = _compat.initial_epoch_of(model) or initial_epoch
@@ -90,14 +90,14 @@ def fit(
             count = min(per_call, data.steps_per_epoch - step)
             callback_list.on_train_batch_begin(step)
             function = _train_function(model, strategy, count)
-            _ps_faults.call(coordinator.schedule, function, args=(iterator,))
+            _faults.call(coordinator.schedule, function, args=(iterator,))
             step += count
             callback_list.on_train_batch_end(step - 1, {})
-        _ps_faults.call(coordinator.join)
+        _faults.call(coordinator.join)
         logs = _read_logs(model)
         lost = faults.lost_steps()
         if lost:
-            _ps_faults.report_lost_steps(strategy, lost, epoch)
+            _faults.report_lost_steps(strategy, lost, epoch)
             logs["lost_steps"] = lost
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             val_x, val_y, val_w = keras.utils.unpack_x_y_sample_weight(validation_data)
@@ -152,10 +152,10 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     coordinator = strategy.coordinator
     forward = _forward_function(model)
     remote = [
-        _ps_faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
-        for batch in _ps_data.chief_batches(x, None, None, batch_size, steps)
+        _faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
+        for batch in _data.chief_batches(x, None, None, batch_size, steps)
     ]
-    outputs = [_ps_faults.call(value.fetch) for value in remote]
+    outputs = [_faults.call(value.fetch) for value in remote]
     if not outputs:
         raise ValueError("`x` is empty: there is nothing to predict.")
     return tree.map_structure(lambda *parts: np.concatenate(parts), *outputs)
@@ -166,27 +166,27 @@ def _evaluate_logs(model, x, y, sample_weight, batch_size, steps):
     coordinator = strategy.coordinator
     model.reset_metrics()
     if callable(x) and not isinstance(x, tf.data.Dataset):
-        data = _ps_data.training_input(strategy, x, y, sample_weight, None, steps)
+        data = _data.training_input(strategy, x, y, sample_weight, None, steps)
         _build(model, strategy, data.sample_batch)
         iterator = iter(coordinator.create_per_worker_dataset(data.per_worker_fn))
         function = _test_function(model, strategy)
         for _ in range(data.steps_per_epoch):
-            _ps_faults.call(coordinator.schedule, function, args=(iterator,))
-        _ps_faults.call(coordinator.join)
+            _faults.call(coordinator.schedule, function, args=(iterator,))
+        _faults.call(coordinator.join)
         return _read_logs(model)
-    batches = list(_ps_data.chief_batches(x, y, sample_weight, batch_size, steps))
+    batches = list(_data.chief_batches(x, y, sample_weight, batch_size, steps))
     if not batches:
         raise ValueError("The evaluation data is empty: it must yield a batch.")
     _build(model, strategy, batches[0])
     forward = _forward_function(model)
     remote = [
-        _ps_faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
+        _faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
         for batch in batches
     ]
     update = _update_function(model)
     for batch, value in zip(batches, remote):
         inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(batch)
-        update(inputs, targets, weights, _ps_faults.call(value.fetch))
+        update(inputs, targets, weights, _faults.call(value.fetch))
     return _read_logs(model)
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.strategies._options_training import one_device, train_on_workers
+from tests.communication._options_training import one_device, train_on_workers
 
 pytestmark = pytest.mark.multi_worker
 

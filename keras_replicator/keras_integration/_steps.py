@@ -8,7 +8,7 @@ XLA cluster (impossible across CPU devices), and the per-replica outputs are red
 with a scalar ``axis=0`` reduce that MultiWorkerMirroredStrategy rejects.
 
 Here the same steps are rebuilt from public pieces (``model.train_step``,
-``strategy.run``, ``tf.data`` optionals). ``_keras_integration`` routes Keras' own
+``strategy.run``, ``tf.data`` optionals). ``_hooks`` routes Keras' own
 ``make_*_function`` to these builders when the model's strategy is one of ours, and
 leaves stock strategies untouched. What each builder does differently:
 
@@ -32,7 +32,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
-from keras_replicator.strategies import (
+from keras_replicator.keras_integration import (
     _global_metrics,
     _loop,
     _sample_count,

@@ -7,7 +7,7 @@ fails with a clear error, and the checkpoint written before is intact.
 
 import pytest
 
-from tests.strategies.test_parameter_server import result_of, run_job
+from tests.parameter_server.test_training import result_of, run_job
 
 pytestmark = pytest.mark.slow
 

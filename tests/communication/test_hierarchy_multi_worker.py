@@ -11,7 +11,7 @@ each process derives on its own.
 import numpy as np
 import pytest
 
-from tests.strategies._options_training import one_device, train_on_workers
+from tests.communication._options_training import one_device, train_on_workers
 
 pytestmark = pytest.mark.multi_worker
 

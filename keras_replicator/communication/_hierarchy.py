@@ -90,7 +90,7 @@ def grid(num_replicas: int, group_size: int, replica: int) -> Grid:
     """The grid position of global replica `replica`; checks the grid is rectangular.
 
     Example:
-    >>> from keras_replicator.strategies._hierarchy import grid
+    >>> from keras_replicator.communication._hierarchy import grid
     >>> grid(4, 2, 3)
     Grid(rows=2, row_size=2, row=1, column=1)
     """

@@ -7,7 +7,7 @@ compiled step costs one small fused all-reduce and no extra call into TensorFlow
 where a batch-end callback would launch a separate function every time.
 
 `CrossReplicaMetrics` sets a cadence per model and phase here; the step functions of
-`_keras_steps` read it on every call and run the variant with global metrics every
+`_steps` read it on every call and run the variant with global metrics every
 `n`-th call (the same calls on every worker, so collectives stay in order).
 """
 

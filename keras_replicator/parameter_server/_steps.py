@@ -15,7 +15,7 @@ import inspect
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _ps_faults
+from keras_replicator.parameter_server import _faults
 
 
 def distribute_input(strategy, input_fn):
@@ -32,9 +32,7 @@ def distribute_input(strategy, input_fn):
 
     else:
         per_worker_fn = input_fn
-    return _ps_faults.call(
-        strategy.coordinator.create_per_worker_dataset, per_worker_fn
-    )
+    return _faults.call(strategy.coordinator.create_per_worker_dataset, per_worker_fn)
 
 
 def run_steps(strategy, step_fn, inputs, *, num_steps=1):
@@ -58,4 +56,4 @@ def run_steps(strategy, step_fn, inputs, *, num_steps=1):
             return outputs
 
         cache[key] = steps
-    return _ps_faults.call(strategy.coordinator.schedule, cache[key], args=(inputs,))
+    return _faults.call(strategy.coordinator.schedule, cache[key], args=(inputs,))

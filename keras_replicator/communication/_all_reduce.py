@@ -30,8 +30,8 @@ import weakref
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _buckets, _compression, _hierarchy
-from keras_replicator.strategies.all_reduce_options import AllReduceOptions
+from keras_replicator.communication import _buckets, _compression, _hierarchy
+from keras_replicator.communication.options import AllReduceOptions
 
 OPTIONS_ATTRIBUTE = "_kr_all_reduce_options"
 RING_ATTRIBUTE = "_kr_socket_ring"

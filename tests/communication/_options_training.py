@@ -21,9 +21,9 @@ _SCRIPT = textwrap.dedent(
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import keras, numpy as np
     import keras_replicator as kr
-    from tests.strategies._options_training import build, data
+    from tests.communication._options_training import build, data
     if os.environ["KERAS_REPLICATOR_WORKER_INDEX"] in sys.argv[4].split(","):
-        from keras_replicator.strategies import _socket_ring
+        from keras_replicator.communication import _socket_ring
         _socket_ring._listen = lambda strategy: (None, [0.0] * 5, "made to fail")
     options = kr.AllReduceOptions(**json.loads(sys.argv[1]))
     strategy = kr.MultiWorkerReplicator(collective_timeout=60, all_reduce=options)

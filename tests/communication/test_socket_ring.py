@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from keras_replicator.strategies._socket_ring import SocketRing
+from keras_replicator.communication._socket_ring import SocketRing
 
 
 def _rings(size, timeout=10.0):
@@ -71,7 +71,7 @@ def test_a_dead_peer_is_an_error():
 
 
 def test_a_ring_that_cannot_open_names_the_workers_and_the_way_out():
-    from keras_replicator.strategies import _socket_ring
+    from keras_replicator.communication import _socket_ring
 
     with pytest.raises(RuntimeError, match=r"worker\(s\) \[1\]\. Here: refused"):
         _socket_ring._give_up(True, [1], "refused")

@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
+from keras_replicator.keras_integration import _worker_files
 from keras_replicator.launch import launch, run_workers
-from keras_replicator.strategies import _worker_files
 from keras_replicator.testing import _workloads
 
 
@@ -344,4 +344,4 @@ def test_docstring_examples_run():
     import doctest
 
     results = doctest.testmod(_worker_files, raise_on_error=False)
-    assert results.attempted >= 4 and results.failed == 0
+    assert results.attempted >= 3 and results.failed == 0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from keras_replicator import _compat
-from keras_replicator.strategies import _ps_training
+from keras_replicator.parameter_server import _training
+from keras_replicator.parameter_server._marker import is_parameter_server
 
 
 class ParameterServerHooks:
@@ -11,13 +12,11 @@ class ParameterServerHooks:
 
     @staticmethod
     def routes(model) -> bool:
-        from keras_replicator.strategies.parameter_server import is_parameter_server
-
         return is_parameter_server(model.distribute_strategy)
 
-    fit = staticmethod(_ps_training.fit)
-    evaluate = staticmethod(_ps_training.evaluate)
-    predict = staticmethod(_ps_training.predict)
+    fit = staticmethod(_training.fit)
+    evaluate = staticmethod(_training.evaluate)
+    predict = staticmethod(_training.predict)
 
 
 def install() -> None:

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.strategies import _hierarchy, all_reduce_options
+from keras_replicator.communication import _hierarchy, options
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_tpu_replicator_rejects_a_hierarchy_before_connecting():
         kr.TPUReplicator(all_reduce=kr.AllReduceOptions(hierarchy="2d"))
 
 
-@pytest.mark.parametrize("module", [_hierarchy, all_reduce_options])
+@pytest.mark.parametrize("module", [_hierarchy, options])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module)
     assert result.attempted and not result.failed

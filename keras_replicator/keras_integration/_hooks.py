@@ -1,6 +1,6 @@
 """What Keras asks our strategies, answered in one place; installs the routing.
 
-`_compat.py` knows which Keras internals to replace and nothing of this library;
+`_compat/` knows which Keras internals to replace and nothing of this library;
 this module is what the replacements call (`KerasHooks`) and the one place that
 installs them (`install()`, called by every Replicator's constructor and by
 `wrap_optimizer`). Each hook keeps stock Keras behaviour unless the model's (or the
@@ -15,12 +15,11 @@ import weakref
 import keras
 import tensorflow as tf
 
-from keras_replicator import _compat
-from keras_replicator.strategies import (
+from keras_replicator import _compat, _roles
+from keras_replicator.keras_integration import (
     _gradients,
-    _keras_steps,
-    _roles,
     _sample_count,
+    _steps,
     _validation,
     _worker_files,
 )
@@ -31,15 +30,15 @@ class KerasHooks:
 
     @staticmethod
     def make_train_function(model):
-        return _keras_steps.make_train_function(model, _compat.loss_tracker(model))
+        return _steps.make_train_function(model, _compat.loss_tracker(model))
 
     @staticmethod
     def make_test_function(model):
-        return _keras_steps.make_test_function(model, _compat.loss_tracker(model))
+        return _steps.make_test_function(model, _compat.loss_tracker(model))
 
     @staticmethod
     def make_predict_function(model):
-        return _keras_steps.make_predict_function(model)
+        return _steps.make_predict_function(model)
 
     check_model_in_scope = staticmethod(_validation.check_model_in_scope)
     check_global_batch_size = staticmethod(_validation.check_global_batch_size)

@@ -16,10 +16,10 @@ are averaged, weighted by sample counts: ``sum_r(n_r * g_r) / sum_r(n_r)``, the
 gradient of the global-batch mean whatever the split (an uneven last batch, a replica
 with no samples). Everywhere else (a plain `strategy.run` loop) the stock contract
 holds: gradients are summed and Keras loss objects scale by ``1/N`` (see
-`_keras_integration.KerasHooks`), so code written for stock tf.distribute keeps its
+`_hooks.KerasHooks`), so code written for stock tf.distribute keeps its
 numbers; like stock, a gradient that is one object on every replica (made outside
 `strategy.run`) counts once per worker. Both paths send their bytes through
-`_communication.all_reduce_sum`.
+`_all_reduce.all_reduce_sum`.
 
 The weighted mean costs one collective: the counts ride with the gradients. When the
 loss already carries the count (``optimizer.scale_loss``, see `_sample_count`), the
@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_replicator.strategies import _communication, _sample_count
+from keras_replicator.communication import _all_reduce
+from keras_replicator.keras_integration import _sample_count
 
 _AVERAGING_ATTRIBUTE = "_kr_averages_replicas"
 
@@ -70,7 +71,7 @@ def all_reduce(grads_and_vars, average: bool):
     if average:
         gradients = _weighted_mean(gradients)
     else:
-        gradients, _ = _communication.all_reduce_sum(_count_shared_once(gradients))
+        gradients, _ = _all_reduce.all_reduce_sum(_count_shared_once(gradients))
     result = list(grads_and_vars)
     for i, grad in zip(present, gradients):
         result[i] = (grad, grads_and_vars[i][1])
@@ -106,7 +107,7 @@ def _weighted_mean(gradients):
     weight = tf.constant(1.0) if count is None else tf.cast(count, tf.float32)
     if not _sample_count.take_scaled_loss():
         gradients = [_scale(g, weight) for g in gradients]
-    summed, (total,) = _communication.all_reduce_sum(gradients, exact=[weight])
+    summed, (total,) = _all_reduce.all_reduce_sum(gradients, exact=[weight])
     return [_divide(g, total) for g in summed]
 
 

@@ -41,8 +41,7 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from keras_replicator import _compat
-from keras_replicator.strategies import _roles
+from keras_replicator import _compat, _roles
 
 TEMP_MARKER = ".kr-tmp-"
 SCRATCH_PREFIX = "kr-worker{index}-scratch-"
@@ -57,7 +56,7 @@ def is_chief(model) -> bool:
 
     Example:
     >>> import keras
-    >>> from keras_replicator.strategies import _worker_files
+    >>> from keras_replicator.keras_integration import _worker_files
     >>> _worker_files.is_chief(keras.Sequential())
     True
     """
@@ -210,7 +209,7 @@ def write_atomically(
 
     Example:
     >>> import os, tempfile
-    >>> from keras_replicator.strategies._worker_files import write_atomically
+    >>> from keras_replicator.keras_integration._worker_files import write_atomically
     >>> path = os.path.join(tempfile.mkdtemp(), "note.txt")
     >>> write_atomically(path, lambda p: open(p, "w").write("saved"))
     >>> open(path).read(), os.listdir(os.path.dirname(path))

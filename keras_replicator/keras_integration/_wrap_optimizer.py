@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_replicator.strategies import _gradients, _keras_integration
+from keras_replicator.keras_integration import _gradients, _hooks
 
 
 def wrap_optimizer(optimizer):
@@ -43,6 +43,6 @@ def wrap_optimizer(optimizer):
             "`optimizer` must be a `keras.optimizers.Optimizer`. Received: "
             f"optimizer={optimizer!r} of type {type(optimizer).__name__}."
         )
-    _keras_integration.install()
+    _hooks.install()
     _gradients.mark_averaging(optimizer)
     return optimizer

@@ -1,0 +1,116 @@
+"""Every touch of TensorFlow / Keras internals, in one package, split by target.
+
+Each patch names the upstream issue it works around. `check_upstream()` compares the
+internals we replace or read against the pinned versions, and `tests/test_compat.py`
+fails loudly when they change, so a Keras or TensorFlow upgrade cannot silently
+route around our fixes.
+
+This package is a leaf: it imports nothing from keras_replicator outside itself.
+The Keras patches are installed once (`install(hooks)`, called by
+`keras_integration._hooks.install()` from every Replicator strategy's constructor);
+they ask `hooks` what to do, and only change behaviour when the model's strategy is a
+Replicator strategy: stock strategies keep stock Keras behaviour, which is what lets
+the conformance suite compare the two side by side.
+
+Modules, by what they patch or read:
+
+- `trainer`: Keras' TF trainer (step functions, symbolic build, progress bar, epoch
+  state).
+- `optimizer`: loss scaling, the gradient all-reduce, the optimizer's lazy build.
+- `data`: a distributed dataset's length across workers.
+- `saving`: Keras' own saving, ModelCheckpoint, BackupAndRestore, TensorBoard on
+  several workers.
+- `parameter_server`: fit / evaluate / predict on `ParameterServerStrategy`.
+- `strategy`: tf.distribute internals (collective keys, multi-worker mode).
+- `layers`: the batch-norm `_moments` hook.
+"""
+
+from __future__ import annotations
+
+from keras_replicator._compat import (
+    data,
+    layers,
+    optimizer,
+    parameter_server,
+    saving,
+    strategy,
+    trainer,
+)
+from keras_replicator._compat._patching import install_lock
+from keras_replicator._compat.layers import register_batch_norm_moments_hook
+from keras_replicator._compat.optimizer import optimizer_variable_index
+from keras_replicator._compat.parameter_server import (
+    install_parameter_server,
+    rescheduled_closures,
+    symbolic_build,
+)
+from keras_replicator._compat.saving import WORKER_FILES_DIGESTS
+from keras_replicator._compat.strategy import (
+    in_multi_worker_mode,
+    is_replicator,
+    is_replicator_current,
+    next_collective_key_base,
+)
+from keras_replicator._compat.trainer import (
+    in_keras_symbolic_build,
+    initial_epoch_of,
+    loss_tracker,
+    set_initial_epoch,
+)
+
+# Source digests of the Keras internals we replace, for keras==3.15.1 (the Keras
+# saving functions behind `_patch_worker_files` are in `WORKER_FILES_DIGESTS`).
+UPSTREAM_DIGESTS = {
+    **trainer.DIGESTS,
+    **optimizer.DIGESTS,
+    **saving.CHECKPOINT_DIGESTS,
+}
+
+_PATCHED = (trainer, optimizer, data, saving)
+_CHECKED = (trainer, optimizer, data, saving, parameter_server, strategy, layers)
+_installed = False
+
+
+def install(hooks) -> None:
+    """Routes Keras' internals to `hooks`, once per process.
+
+    This package stays a leaf: it knows which internals to replace, never what our
+    replacements do. `hooks` (`keras_integration/_hooks.KerasHooks`) answers for
+    the library; `keras_integration._hooks.install()` is the caller.
+    """
+    global _installed
+    with install_lock:
+        if _installed:
+            return
+        for module in _PATCHED:
+            module.install(hooks)
+        _installed = True
+
+
+def check_upstream() -> dict[str, str]:
+    """Returns {name: what changed} for every upstream internal we rely on."""
+    changed = {}
+    for module in _CHECKED:
+        changed.update(module.check_upstream())
+    return changed
+
+
+__all__ = [
+    "UPSTREAM_DIGESTS",
+    "WORKER_FILES_DIGESTS",
+    "check_upstream",
+    "in_keras_symbolic_build",
+    "in_multi_worker_mode",
+    "initial_epoch_of",
+    "install",
+    "install_parameter_server",
+    "is_replicator",
+    "is_replicator_current",
+    "loss_tracker",
+    "next_collective_key_base",
+    "optimizer_variable_index",
+    "register_batch_norm_moments_hook",
+    "rescheduled_closures",
+    "set_initial_epoch",
+    "symbolic_build",
+]

@@ -1,0 +1,141 @@
+"""Keras' optimizer and loss internals: loss scaling, the gradient all-reduce, lazy
+build. Each patch below says why no public hook serves (`keras_integration/` answers).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras.src.backend.tensorflow import optimizer as _tf_optimizer
+from keras.src.losses import loss as _loss_module
+from keras.src.optimizers import base_optimizer as _base_optimizer
+
+from keras_replicator._compat._patching import changed_digests, replace, unpatched
+
+# Source digests of the internals we replace, for keras==3.15.1.
+DIGESTS = {
+    "loss.scale_loss_for_distribution": "143cd8a5efb6cb17",
+    "loss.unscale_loss_for_distribution": "3903c7ed7f69c5ac",
+    "TFOptimizer._all_reduce_sum_gradients": "953512efa56c9680",
+    "BaseOptimizer.scale_loss": "65f5300733dfc146",
+    "BaseOptimizer.apply": "43097be63b919d03",
+}
+
+
+def _upstream_objects():
+    return {
+        "loss.scale_loss_for_distribution": unpatched(
+            _loss_module.scale_loss_for_distribution
+        ),
+        "loss.unscale_loss_for_distribution": unpatched(
+            _loss_module.unscale_loss_for_distribution
+        ),
+        "TFOptimizer._all_reduce_sum_gradients": unpatched(
+            _tf_optimizer.TFOptimizer._all_reduce_sum_gradients
+        ),
+        "BaseOptimizer.scale_loss": unpatched(_base_optimizer.BaseOptimizer.scale_loss),
+        "BaseOptimizer.apply": unpatched(_base_optimizer.BaseOptimizer.apply),
+    }
+
+
+def check_upstream() -> dict[str, str]:
+    """{name: what changed} for the optimizer internals replaced or read here."""
+    changed = changed_digests(DIGESTS, _upstream_objects())
+    if not callable(getattr(keras.optimizers.Optimizer, "_get_variable_index", None)):
+        changed["Optimizer._get_variable_index"] = "missing"
+    return changed
+
+
+def install(hooks) -> None:
+    """Routes loss scaling, the gradient all-reduce and the lazy build to `hooks`."""
+    _patch_loss_scaling(hooks)
+    _patch_gradient_all_reduce(hooks)
+    _patch_optimizer_loss_scaling(hooks)
+    _patch_lazy_optimizer_build(hooks)
+
+
+def optimizer_variable_index(optimizer, variable) -> int:
+    """The slot index of `variable` in a Keras optimizer (what `update_step` needs).
+
+    Under a strategy `update_step` receives a per-device copy of the variable; only
+    `Optimizer._get_variable_index` maps it back to its slots. Keras' own optimizer
+    subclassing guide uses it; there is no public name for it.
+    """
+    return optimizer._get_variable_index(variable)
+
+
+def _patch_loss_scaling(hooks):
+    # Keras divides each replica's mean loss by the replica count and sums gradients,
+    # which weighs an uneven last batch wrongly and logs a custom train_step's
+    # `compute_loss` result divided by the replica count. Inside our steps (where a
+    # sample count is declared) losses stay per-replica means and the gradient
+    # all-reduce weights replicas by their sample counts instead
+    # (keras_integration/_gradients.py). Elsewhere (a plain `strategy.run` loop)
+    # the stock contract holds: its optimizer sums, so the loss keeps its 1/N.
+    def scale(original):
+        def scale_loss_for_distribution(value):
+            if hooks.keeps_replica_mean_loss():
+                return value
+            return original(value)
+
+        return scale_loss_for_distribution
+
+    replace(_loss_module, "scale_loss_for_distribution", scale)
+    replace(_loss_module, "unscale_loss_for_distribution", scale)
+
+
+def _patch_optimizer_loss_scaling(hooks):
+    # Weighting replicas by sample count after differentiation is wrong when the
+    # forward pass communicates (synchronized batch norm): a collective's backward
+    # pass sums the other replicas' unweighted upstream gradients. Keras' train_step
+    # (and our XLA step) ask the optimizer to scale the loss inside the tape, so under
+    # our strategies that is where each replica's loss gets its sample count
+    # (keras_integration/_sample_count.py). No upstream issue: stock Keras divides
+    # by the replica count there, which is equally inexact for uneven splits.
+    def scale(original):
+        def scale_loss(self, loss):
+            return hooks.scale_loss(original(self, loss))
+
+        return scale_loss
+
+    # Not LossScaleOptimizer's: multiplying a float16 model's already loss-scaled
+    # loss by the sample count overflows its gradients (steps get skipped), so
+    # mixed_float16 keeps weighting after differentiation (exact unless the forward
+    # pass communicates and the split is uneven).
+    replace(_base_optimizer.BaseOptimizer, "scale_loss", scale)
+
+
+def _patch_gradient_all_reduce(hooks):
+    # Keras sums replica gradients in `TFOptimizer._all_reduce_sum_gradients` and
+    # offers no hook to change how (keras_integration/_gradients.py: the
+    # reduction rule).
+
+    def all_reduce(original):
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            reduced = hooks.all_reduce_gradients(self, grads_and_vars)
+            if reduced is None:
+                return original(self, grads_and_vars)
+            return reduced
+
+        return _all_reduce_sum_gradients
+
+    replace(_tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients", all_reduce)
+
+
+def _patch_lazy_optimizer_build(hooks):
+    # TF's custom_training tutorial creates the optimizer in scope and lets its first
+    # `apply_gradients` inside `strategy.run` build the slots. In a `tf.function`
+    # replica context Keras 3 then creates the slot variables inside the traced
+    # graph and the step fails ("You must feed a value for placeholder tensor",
+    # under stock MirroredStrategy too; keras-team/keras has no issue for it).
+    # `BaseOptimizer.apply` is where Keras builds lazily: under our strategies the
+    # hook builds first, outside the graph and in the strategy's scope.
+    def build_first(original):
+        def apply(self, grads, trainable_variables=None):
+            if not self.built and trainable_variables is not None:
+                trainable_variables = list(trainable_variables)
+                hooks.build_optimizer_outside_replicas(self, trainable_variables)
+            return original(self, grads, trainable_variables)
+
+        return apply
+
+    replace(_base_optimizer.BaseOptimizer, "apply", build_first)

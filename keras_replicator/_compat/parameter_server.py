@@ -1,0 +1,90 @@
+"""Keras 3 on `ParameterServerStrategy` (issue 14): fit / evaluate / predict routed
+to `parameter_server/`, and the coordinator's rescheduled closures counted.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from keras.src.backend.tensorflow import trainer as _tf_trainer
+
+from keras_replicator._compat._patching import install_lock, replace, unpatched
+
+_ps_installed = False
+_rescheduled_closures = [0]
+
+
+def install_parameter_server(hooks) -> None:
+    """Routes `Model.fit` / `evaluate` / `predict` to `hooks` under PS training.
+
+    Keras 3's TF trainer cannot train on `ParameterServerStrategy`: its epoch
+    iterator calls `experimental_distribute_dataset`, which that strategy refuses
+    ("you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset";
+    keras-team/keras has no ClusterCoordinator support, tf_keras had it in
+    `Model.fit`). Only models whose strategy `hooks.routes(model)` accepts (a
+    `ParameterServerReplicator`) are routed; everything else keeps stock Keras.
+    Also counts closures the coordinator puts back after a worker failure
+    (`rescheduled_closures()`), which TF logs but does not expose.
+    """
+    global _ps_installed
+    with install_lock:
+        if _ps_installed:
+            return
+        trainer = _tf_trainer.TensorFlowTrainer
+        for name in ("fit", "evaluate", "predict"):
+
+            def make(original, name=name):
+                def routed(self, *args, **kwargs):
+                    if not hooks.routes(self):
+                        return original(self, *args, **kwargs)
+                    return getattr(hooks, name)(self, *args, **kwargs)
+
+                return routed
+
+            replace(trainer, name, make)
+        from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+        def count(original):
+            def put_back(self, closure):
+                _rescheduled_closures[0] += 1
+                return original(self, closure)
+
+            return put_back
+
+        replace(cluster_coordinator._CoordinatedClosureQueue, "put_back", count)
+        _ps_installed = True
+
+
+def rescheduled_closures() -> int:
+    """Closures put back in the coordinator's queue (worker failures) so far."""
+    return _rescheduled_closures[0]
+
+
+def symbolic_build(model, data_batch) -> None:
+    """Builds a compiled model's metrics and loss from one batch, in its scope.
+
+    `Trainer._symbolic_build` is what Keras' own `fit` calls for this; there is no
+    public way to build compile metrics before the first step, and under PS
+    training their variables must be created on the chief before any step runs.
+    """
+    model._maybe_symbolic_build(data_batch=data_batch)
+
+
+def check_upstream() -> dict[str, str]:
+    """`check_upstream()`'s part for parameter-server training."""
+    changed = {}
+    trainer = _tf_trainer.TensorFlowTrainer
+    source = inspect.getsource(unpatched(trainer._maybe_symbolic_build))
+    if "data_batch" not in source or "_symbolic_build" not in source:
+        changed["TensorFlowTrainer._maybe_symbolic_build"] = "no data_batch path"
+    for name in ("fit", "evaluate", "predict"):
+        if not callable(getattr(trainer, name, None)):
+            changed[f"TensorFlowTrainer.{name}"] = "missing"
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    queue = getattr(cluster_coordinator, "_CoordinatedClosureQueue", None)
+    if queue is None or not callable(getattr(queue, "put_back", None)):
+        changed["_CoordinatedClosureQueue.put_back"] = "missing"
+    elif "put_back(closure)" not in inspect.getsource(cluster_coordinator.Worker):
+        changed["Worker put_back"] = "failed closures no longer put back"
+    return changed

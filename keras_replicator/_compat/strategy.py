@@ -1,0 +1,59 @@
+"""tf.distribute internals: which strategies are ours, collective keys, worker count.
+
+No public TensorFlow API says whether a strategy spans several workers, nor lets two
+MirroredStrategies in one process use different collective groups; see each function.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import tensorflow as tf
+
+_collective_key_bases = itertools.count(start=1)
+_COLLECTIVE_KEY_STRIDE = 100_000
+
+
+def is_replicator(strategy) -> bool:
+    return getattr(strategy, "_kr_is_replicator", False)
+
+
+def is_replicator_current() -> bool:
+    """Whether the current (scope or replica context) strategy is one of ours."""
+    return is_replicator(tf.distribute.get_strategy())
+
+
+def next_collective_key_base() -> int:
+    """A process-unique base for a new strategy's collective group/instance keys.
+
+    TF gives every MirroredStrategy the same collective group key (1), so a second
+    strategy over a different device set joins the first one's group and the first
+    all-reduce aborts ("joining a group with size 4, but that group has size 2").
+    `_collective_key_base` is TF's own knob for this (mirrored_strategy.py, "only set
+    this in tests"). Workers build strategies in the same order, so the bases agree
+    across workers.
+    """
+    return next(_collective_key_bases) * _COLLECTIVE_KEY_STRIDE
+
+
+def in_multi_worker_mode(strategy) -> bool:
+    """Whether `strategy` spans several workers (no public API says so)."""
+    return strategy.extended._in_multi_worker_mode()
+
+
+def check_upstream() -> dict[str, str]:
+    """{name: what changed} for the tf.distribute internals read here."""
+    changed = {}
+    from tensorflow.python.distribute import (
+        collective_all_reduce_strategy,
+        mirrored_strategy,
+    )
+
+    for module in (mirrored_strategy, collective_all_reduce_strategy):
+        if "container_strategy._collective_key_base" not in inspect.getsource(module):
+            changed[module.__name__] = "no longer reads `_collective_key_base`"
+    extended = mirrored_strategy.MirroredExtended
+    if not callable(getattr(extended, "_in_multi_worker_mode", None)):
+        changed["MirroredExtended._in_multi_worker_mode"] = "missing"
+    return changed
