@@ -122,7 +122,7 @@ def _replica_steps(model, step, counter=None):
             x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
             count = _sample_count.batch_size_of(x)
             with _sample_count.counting_samples(count):
-                outputs = step(data)
+                outputs = _read_variables(step(data))
             if counter is not None:
                 counter.assign_add(tf.cast(count, tf.float64))
             exact = {}
@@ -183,8 +183,10 @@ def _mean_over_replicas(strategy, outputs):
 
     def reduce(value):
         local = strategy.experimental_local_results(value)
-        if len(local) > 1 and local[0].dtype.is_floating:
-            return tf.reduce_mean(tf.stack(local), axis=0)
+        if len(local) > 1 and _is_float(local[0]):
+            return tf.reduce_mean(
+                tf.stack([tf.convert_to_tensor(v) for v in local]), axis=0
+            )
         return local[0]
 
     return tree.map_structure(reduce, outputs)
@@ -196,15 +198,42 @@ def _mean_over_workers(outputs):
     Only needed across workers, where the local mean would be one worker's view.
     """
     flat = tree.flatten(outputs)
-    floats = [i for i, v in enumerate(flat) if tf.is_tensor(v) and v.dtype.is_floating]
+    floats = [i for i, v in enumerate(flat) if tf.is_tensor(v) and _is_float(v)]
     if not floats:
         return outputs
     means = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.MEAN, [flat[i] for i in floats]
+        tf.distribute.ReduceOp.MEAN, [tf.convert_to_tensor(flat[i]) for i in floats]
     )
     for i, mean in zip(floats, means):
         flat[i] = mean
     return tree.pack_sequence_as(outputs, flat)
+
+
+def _read_variables(outputs):
+    """Step outputs with every variable read into a tensor (this replica's value).
+
+    A metric's `result()` may return its Keras variable itself (the Keras guide's
+    `CategoricalTruePositives` does). Returned from `strategy.run` as is, a
+    sync-on-read variable would be reduced outside the replica, across workers too,
+    which the multi-worker step cannot do; read here it is a plain per-replica value
+    like any other metric result.
+    """
+
+    def read(value):
+        if isinstance(value, (keras.Variable, tf.Variable)):
+            return tf.identity(tf.convert_to_tensor(value))
+        return value
+
+    return tree.map_structure(read, outputs)
+
+
+def _is_float(value) -> bool:
+    """Whether a step output is floating point.
+
+    A metric's `result()` may return its Keras variable itself (the Keras guide's
+    `CategoricalTruePositives` does), whose `dtype` is a string, not a `tf.DType`.
+    """
+    return tf.as_dtype(value.dtype).is_floating
 
 
 def _concat_replicas(strategy, value):

@@ -143,6 +143,13 @@ def predict(strategy):
     return compare_to_one_device(strategy, w.mlp, workload)
 
 
+def custom_metric(strategy):
+    def model():
+        return w.mlp(metrics=("accuracy", w.true_positives_metric()))
+
+    return compare_to_one_device(strategy, model, _fit(num_samples=1001))
+
+
 def custom_train_step_loss(strategy):
     model_class = w.custom_train_step_class()
     return compare_to_one_device(
@@ -255,6 +262,10 @@ CHECKS = {
     "mixed_float16": (mixed_float16, "mixed_float16 (tolerance 1e-3)"),
     "evaluate": (evaluate, "evaluate, plain and sample-weighted"),
     "predict": (predict, "predict: all rows in order, partial last batch"),
+    "custom_metric": (
+        custom_metric,
+        "a Metric subclass whose result() is its variable",
+    ),
     "custom_train_step_loss": (
         custom_train_step_loss,
         "custom train_step logs compute_loss",

@@ -30,6 +30,7 @@ CHECK_NAMES = (
     "mixed_float16",
     "evaluate",
     "predict",
+    "custom_metric",
     "custom_train_step_loss",
     "custom_train_step_mean_loss",
     "variables_in_scope",
