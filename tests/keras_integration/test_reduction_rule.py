@@ -37,7 +37,10 @@ def _train(strategy, loss_convention, *, wrap=False, build_first=True):
     x, y = _data()
     with strategy.scope():
         model = _model()
-        optimizer = keras.optimizers.Adam(0.1)
+        # SGD with momentum (it has slots to build lazily), not Adam: Adam's
+        # update barely depends on the gradient's scale, so a sum where a mean
+        # belongs (2x on 2 replicas) would pass unnoticed.
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.5)
         if wrap:
             optimizer = kr.wrap_optimizer(optimizer)
         if build_first:
@@ -100,6 +103,14 @@ def test_wrap_optimizer_averages_a_per_replica_mean_loop():
         kr.MultiDeviceReplicator(num_replicas=2), "replica_mean", wrap=True
     )
     assert _max_diff(weights, expected) < TOLERANCE
+
+
+def test_the_comparison_sees_a_sum_where_a_mean_belongs():
+    # Without wrap_optimizer, a per-replica-mean loop gets the stock sum: twice the
+    # one-device gradient on 2 replicas. The tests above must be able to see that.
+    expected, _ = _one_device("replica_mean")
+    weights, _ = _train(kr.MultiDeviceReplicator(num_replicas=2), "replica_mean")
+    assert _max_diff(weights, expected) > 100 * TOLERANCE
 
 
 def test_optimizer_built_lazily_inside_strategy_run():
