@@ -8,6 +8,7 @@ import keras
 from keras.src.backend.tensorflow import optimizer as _tf_optimizer
 from keras.src.losses import loss as _loss_module
 from keras.src.optimizers import base_optimizer as _base_optimizer
+from keras.src.optimizers import loss_scale_optimizer as _loss_scale_optimizer
 
 from keras_replicator._compat._patching import changed_digests, replace, unpatched
 
@@ -18,6 +19,7 @@ DIGESTS = {
     "TFOptimizer._all_reduce_sum_gradients": "953512efa56c9680",
     "BaseOptimizer.scale_loss": "65f5300733dfc146",
     "BaseOptimizer.apply": "43097be63b919d03",
+    "LossScaleOptimizer.apply": "1cc61fb4c21edb7a",
 }
 
 
@@ -34,6 +36,9 @@ def _upstream_objects():
         ),
         "BaseOptimizer.scale_loss": unpatched(_base_optimizer.BaseOptimizer.scale_loss),
         "BaseOptimizer.apply": unpatched(_base_optimizer.BaseOptimizer.apply),
+        "LossScaleOptimizer.apply": unpatched(
+            _loss_scale_optimizer.LossScaleOptimizer.apply
+        ),
     }
 
 
@@ -139,3 +144,7 @@ def _patch_lazy_optimizer_build(hooks):
         return apply
 
     replace(_base_optimizer.BaseOptimizer, "apply", build_first)
+    # `LossScaleOptimizer` overrides `apply` and builds itself (and its inner
+    # optimizer) there, before any `BaseOptimizer.apply` runs: the mixed-precision
+    # guide's custom loop failed the same way (issue 22).
+    replace(_loss_scale_optimizer.LossScaleOptimizer, "apply", build_first)
