@@ -7,11 +7,21 @@ from keras import tree
 
 
 def check_model_in_scope(model, strategy) -> None:
-    """Raises if the model's variables were not created under `strategy`."""
+    """Raises if the model's variables were not created under `strategy`.
+
+    A random layer's seed-generator state (`keras.layers.RandomFlip`,
+    `RandomRotation`, ... made outside the scope, as the keras-io EfficientNet
+    fine-tuning example does) is accepted: it only draws random numbers, so each
+    replica advancing one unsynchronised copy changes which augmentations are
+    drawn, never the weights' arithmetic; stock strategies train such models too.
+    Every other variable made outside the scope (weights, batch-norm statistics)
+    is an error.
+    """
     outside = [
         v.path
         for v in model.variables
         if not strategy.extended.variable_created_in_scope(v.value)
+        and not _is_seed_state(v)
     ]
     if outside:
         raise ValueError(
@@ -21,6 +31,19 @@ def check_model_in_scope(model, strategy) -> None:
             "inside `with strategy.scope():` (or load it there with "
             "`keras.models.load_model`)."
         )
+
+
+def _is_seed_state(variable) -> bool:
+    """Whether `variable` is a `keras.random.SeedGenerator`'s state.
+
+    Keras names that variable `seed_generator_state` and makes it non-trainable
+    with no aggregation (keras/src/random/seed_generator.py).
+    """
+    return (
+        not variable.trainable
+        and variable.name == "seed_generator_state"
+        and getattr(variable, "aggregation", None) in (None, "none")
+    )
 
 
 def check_batch_covers_replicas(batch, strategy, batch_size=None) -> None:
