@@ -25,8 +25,8 @@ MALFORMED = [
     ),
     (
         {"cluster": {"worker": ["127.0.0.1"]}, "task": GOOD["task"]},
-        "`TF_CONFIG['cluster']['worker'][0]` must be a \"host:port\" string. "
-        "Received: address='127.0.0.1'",
+        "`TF_CONFIG['cluster']['worker'][0]` must be a \"host:port\" string: "
+        "expected e.g. \"127.0.0.1:2222\". Received: address='127.0.0.1'",
     ),
     (
         {"cluster": {"worker": ["a:1", "b:99999"]}, "task": GOOD["task"]},
@@ -46,6 +46,97 @@ MALFORMED = [
     ({"cluster": WORKERS, "task": {"type": "worker", "index": 2}}, "index=2 in"),
     ({"cluster": WORKERS, "task": {"type": "worker", "index": True}}, "index=True"),
 ]
+
+
+def _workers(*addresses):
+    worker = {"type": "worker", "index": 0}
+    return {"cluster": {"worker": list(addresses)}, "task": worker}
+
+
+# Each was accepted (or crashed with a bare Python error) before: a hostile or
+# mistaken TF_CONFIG must fail with a ValueError naming the field.
+HOSTILE = [
+    (
+        _workers("127.0.0.1:2222", "127.0.0.1:2222"),
+        "`TF_CONFIG['cluster']['worker'][1]` repeats the address of "
+        "`TF_CONFIG['cluster']['worker'][0]`",
+    ),
+    (
+        {
+            "cluster": {"chief": ["localhost:2222"], "ps": ["[::1]:2222"]},
+            "task": {"type": "chief", "index": 0},
+        },
+        "`TF_CONFIG['cluster']['ps'][0]` repeats the address of "
+        "`TF_CONFIG['cluster']['chief'][0]`",
+    ),
+    (_workers("127.0.0.1:١٢٣٤"), "the port '١٢٣٤' must be ASCII decimal digits"),
+    (_workers("127.0.0.1:²"), "the port '²' must be ASCII decimal digits"),
+    (_workers("127.0.0.1:0"), "in [1, 65535]"),
+    (_workers("127.0.0.1:65536"), "in [1, 65535]"),
+    (_workers("127.0.0.1:+80"), "must be ASCII decimal digits"),
+    (_workers("my host:2222"), "the host 'my host' may only hold"),
+    (_workers("host\n:2222"), "the host 'host\\n' may only hold"),
+    (_workers(" 127.0.0.1:2222"), "may only hold"),
+    (_workers("::1:2222"), 'an IPv6 host must be in brackets, e.g. "[::1]:2222"'),
+    (_workers("a:b:2222"), "an IPv6 host must be in brackets"),
+    (_workers("[::g]:2222"), "is not an IPv6 address in brackets"),
+    (_workers(["127.0.0.1:2222"]), "got a list"),
+    (
+        {"cluster": WORKERS, "task": {"type": ["worker"], "index": 0}},
+        "`TF_CONFIG['task']['type']` must be one of",
+    ),
+    ("[" * 100_000, "`TF_CONFIG` is nested too deeply"),
+    ('{"a":' * 100_000, "`TF_CONFIG` is nested too deeply"),
+    ('{"task": ' + "9" * 5000 + "}", "`TF_CONFIG` must be JSON"),
+]
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    HOSTILE,
+    ids=[
+        "duplicate-address",
+        "duplicate-loopback-port",
+        "arabic-indic-port",
+        "superscript-port",
+        "port-0",
+        "port-65536",
+        "signed-port",
+        "host-with-space",
+        "host-with-newline",
+        "leading-space",
+        "unbracketed-ipv6",
+        "extra-colon",
+        "bad-ipv6",
+        "address-not-a-string",
+        "task-type-a-list",
+        "deep-list",
+        "deep-object",
+        "huge-integer",
+    ],
+)
+def test_hostile_or_mistaken_config_names_the_field(config, message):
+    with pytest.raises(ValueError) as error:
+        parse_tf_config(_raw(config))
+    assert message in str(error.value)
+    assert "Received: " in str(error.value)
+    assert len(str(error.value)) < 3000  # a megabyte of input is not echoed whole
+
+
+def test_a_validated_dict_that_cannot_be_shown_is_still_a_value_error():
+    deep = node = {}
+    for _ in range(100_000):
+        node["a"] = node = {}
+    cyclic = {}
+    cyclic["cluster"] = cyclic
+    for config in (deep, cyclic):
+        with pytest.raises(ValueError, match="TF_CONFIG"):
+            _tf_config.validate_tf_config(config)
+
+
+def test_ipv6_in_brackets_and_distinct_loopback_ports_are_fine():
+    config = _workers("[::1]:2222", "localhost:2223", "127.0.0.1:2224")
+    assert parse_tf_config(json.dumps(config)) == config
 
 
 def _raw(config):

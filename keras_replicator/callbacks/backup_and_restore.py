@@ -17,10 +17,17 @@ Here a backup is committed in three steps, by the chief only:
    resume from the directory too (it reads that name and the epoch).
 
 A crash at any point leaves the previous backup whole, so a restart resumes from
-the last committed epoch exactly. Other workers save to a scratch directory (so
-collectives inside saving stay in step) and restore from the chief's files, which
-therefore must be on a filesystem every worker sees, as with stock Keras. A
-backup written by stock Keras (`latest.weights.h5`) is still restored.
+the last committed epoch exactly. A `training_metadata.json` that is damaged
+anyway (truncated or edited by something else, e.g. a full disk or a copy that
+stopped halfway) is never read as "no epoch": that would restart at epoch 0 with
+the latest weights. With `double_checkpoint=True` the previous backup is
+restored (an exact resume from the epoch before); otherwise restoring stops with
+an error naming the file, before anything in `backup_dir` is deleted.
+
+Other workers save to a scratch directory (so collectives inside saving stay in
+step) and restore from the chief's files, which therefore must be on a
+filesystem every worker sees, as with stock Keras. A backup written by stock
+Keras (`latest.weights.h5`) is still restored.
 
 With `save_freq="epoch"` (the default) and a deterministic input order
 (`shuffle=False`), resuming gives the same final weights as an uninterrupted run.
@@ -39,11 +46,13 @@ import uuid
 import keras
 
 from keras_replicator import _compat
-from keras_replicator.keras_integration._worker_files import (
+from keras_replicator.keras_integration._atomic_publish import (
     TEMP_MARKER,
+    write_atomically,
+)
+from keras_replicator.keras_integration._worker_files import (
     is_chief,
     save_for_worker,
-    write_atomically,
 )
 
 METADATA_FILE = "training_metadata.json"
@@ -129,9 +138,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"Received: an unbuilt model {model}. Build it first, e.g. by "
                 "calling it on a batch or with `keras.Input` in its definition."
             )
+        # Read first: a damaged backup stops here, before any file is deleted.
+        state = self._kr_read_backup()
         if is_chief(model):
             self._kr_remove_orphans(keep=self._kr_referenced_files())
-        state = self._kr_read_backup()
         if state is None:
             return
         epoch, weights_path = state
@@ -151,9 +161,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         candidates = [self._kr_path(METADATA_FILE)]
         if self.double_checkpoint:
             candidates.append(self._kr_path(METADATA_FILE + PREVIOUS_SUFFIX))
-        errors = []
+        errors, damaged = [], []
         for metadata_path in candidates:
-            metadata = _read_json(metadata_path)
+            try:
+                metadata = _load_metadata(metadata_path)
+            except _DamagedMetadata as error:
+                damaged.append(str(error))
+                continue
             if metadata is None:
                 continue
             name = metadata.get("weights")
@@ -163,6 +177,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             if weights is None:
                 stock = self._kr_path(STOCK_WEIGHTS_FILE)
                 return metadata.get("epoch"), stock if os.path.exists(stock) else None
+        if damaged:
+            raise OSError(self._kr_damaged_message(damaged, errors))
         if errors:
             raise OSError(
                 f"The backup in `backup_dir`={self.backup_dir!r} cannot be read "
@@ -170,6 +186,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
         stock = self._kr_path(STOCK_WEIGHTS_FILE)
         return (None, stock) if os.path.exists(stock) else None
+
+    def _kr_damaged_message(self, damaged: list, errors: list) -> str:
+        states = sorted(
+            (name for name in _listdir(self.backup_dir) if _STATE_FILE.match(name)),
+            key=_state_order,
+        )
+        if states:
+            epoch = _state_order(states[-1])[0]
+            example = json.dumps({"epoch": epoch, "weights": states[-1]})
+            present = f" (weights files present: {', '.join(states)})"
+        else:
+            example, present = json.dumps({"epoch": 0}), ""
+        reasons = "; ".join(damaged + errors)
+        return (
+            f"The backup in `backup_dir`={self.backup_dir!r} cannot be resumed: "
+            f"{reasons}. Backups are committed atomically, so something else "
+            "damaged it (a full disk, a partial copy, an edit), and the epoch "
+            "to resume from is unknown. Delete `backup_dir` to start over from "
+            "epoch 0, or write the last completed epoch and its weights file "
+            f"into {METADATA_FILE}, e.g. {example}{present}."
+        )
 
     # Back up ------------------------------------------------------------------
 
@@ -202,7 +239,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if not is_chief(self.model):
             return
         metadata_path = self._kr_path(METADATA_FILE)
-        previous = _read_json(metadata_path)
+        try:
+            previous = _load_metadata(metadata_path)
+        except _DamagedMetadata:
+            previous = None  # not a backup to fall back to
         if self.double_checkpoint and previous is not None:
             _write_json(metadata_path + PREVIOUS_SUFFIX, previous)
         _write_json(metadata_path, {"epoch": epoch, "batch": batch, "weights": name})
@@ -236,7 +276,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _kr_referenced_files(self) -> set[str]:
         names = set()
         for suffix in ("", PREVIOUS_SUFFIX):
-            metadata = _read_json(self._kr_path(METADATA_FILE + suffix))
+            try:
+                metadata = _load_metadata(self._kr_path(METADATA_FILE + suffix))
+            except _DamagedMetadata:
+                continue
             if metadata and metadata.get("weights"):
                 names.add(metadata["weights"])
         return names
@@ -257,14 +300,58 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                     pass  # removed concurrently, or a directory: not ours
 
 
-def _read_json(path: str):
+class _DamagedMetadata(Exception):
+    """`training_metadata.json` exists but does not hold a backup's state."""
+
+
+def _load_metadata(path: str):
+    """The metadata at `path`, None if there is none; `_DamagedMetadata` if bad.
+
+    Ours holds `epoch`, `batch` and `weights`; stock Keras' `epoch` and `batch`.
+    """
     try:
-        with open(path) as file:
-            return json.load(file)
+        with open(path, "rb") as file:
+            content = file.read()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
-        return None
+    except OSError as error:
+        raise _DamagedMetadata(f"{path} cannot be read ({error})") from error
+    try:
+        metadata = json.loads(content)
+    except ValueError as error:
+        raise _DamagedMetadata(
+            f"{path} is not valid JSON ({error}; {len(content)} bytes: "
+            f"{content[:80]!r})"
+        ) from error
+    epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
+    weights = metadata.get("weights") if isinstance(metadata, dict) else None
+    if (
+        not isinstance(epoch, int)
+        or isinstance(epoch, bool)
+        or epoch < 0
+        or not (
+            weights is None or (isinstance(weights, str) and _STATE_FILE.match(weights))
+        )
+    ):
+        raise _DamagedMetadata(
+            f"{path} does not hold a backup's state (expected e.g. "
+            f'{{"epoch": 2, "batch": 0, "weights": "state-e2-b0-<hex>.weights.h5"}}, '
+            f"got {metadata!r:.200})"
+        )
+    return metadata
+
+
+def _listdir(path: str) -> list:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _state_order(name: str) -> tuple:
+    """(epoch, batch) of a `state-e<epoch>-b<batch>-<token>.weights.h5` name."""
+    epoch, batch = re.match(r"^state-e(\d+)-b(-?\d+)-", name).groups()
+    return int(epoch), int(batch)
 
 
 def _write_json(path: str, value) -> None:

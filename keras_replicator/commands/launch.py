@@ -3,19 +3,21 @@
 The command form of `keras_replicator.launch.launch()`: every flag is a keyword of
 that function. Exit code: 0 when every worker succeeded; else the exit code of
 the worker that failed first (128 + N when a signal N ended it), 124 on
-`--timeout`, 2 for invalid options, 130 / 143 when the launcher itself was
-interrupted (the workers are stopped first).
+`--timeout`, 2 for invalid options, 129 / 130 / 143 when the launcher itself got
+SIGHUP / SIGINT / SIGTERM (the workers are stopped first: SIGTERM, then SIGKILL
+after `--grace-seconds`; a second signal cannot cut that short).
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from keras_replicator.launch import LaunchOptions
 from keras_replicator.launch._launcher import launch_with_options
 from keras_replicator.launch._options import CLUSTER_MODES, parse_ports
+from keras_replicator.launch._output import note
+from keras_replicator.launch._signals import StopSignal, stop_on_signals
 
 EXIT_TIMEOUT = 124
 EXIT_USAGE = 2
@@ -68,7 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address local workers advertise (default 127.0.0.1)",
+        help="address local workers advertise (default 127.0.0.1; IPv6 such as "
+        "::1 is written bracketed, [::1]:PORT)",
     )
     parser.add_argument(
         "--allow-remote",
@@ -127,20 +130,18 @@ def run(args) -> int:
     except (TypeError, ValueError) as error:
         _say(f"error: {error}")
         return EXIT_USAGE
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        result = launch_with_options(command, options)
+        with stop_on_signals():
+            result = launch_with_options(command, options)
     except (TypeError, ValueError) as error:
         _say(f"error: {error}")
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except StopSignal as stop:
+        _say(f"{stop}; the workers were stopped.")
+        return stop.exit_code
+    except KeyboardInterrupt:  # outside the main thread
         _say("interrupted; the workers were stopped.")
         return 130
-    except _Terminated:
-        _say("terminated; the workers were stopped.")
-        return 128 + signal.SIGTERM
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if args.dry_run:
         return 0
     if result.ok:
@@ -161,10 +162,10 @@ def _report_failure(result) -> int:
     restarts = f" (after {result.restarts} restart(s))" if result.restarts else ""
     _say(f"{result.headline()}{restarts}.")
     if detail:
-        print(
-            f"--- {failure.name}, last output ---\n{detail}",
-            file=sys.stderr,
-        )
+        try:
+            print(f"--- {failure.name}, last output ---\n{detail}", file=sys.stderr)
+        except (OSError, ValueError):
+            pass
     if result.timed_out:
         return EXIT_TIMEOUT
     code = failure.returncode if failure is not None else None
@@ -173,13 +174,5 @@ def _report_failure(result) -> int:
     return 128 - code if code < 0 else code
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated()
-
-
 def _say(message: str) -> None:
-    print(f"keras-replicator launch: {message}", file=sys.stderr, flush=True)
+    note(message)

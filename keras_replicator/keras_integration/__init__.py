@@ -12,6 +12,8 @@
 - `_global_metrics`: exact global metric logs; `_sample_counter` (throughput).
 - `_validation`: early errors for misuse (model outside the scope, small batches).
 - `_worker_files`: who writes a file on several workers (the chief, atomically).
+- `_atomic_publish`: writing a file or directory into place in one step
+  (symlinks, directory swap, leftovers of killed saves).
 
 Nothing is re-exported here: the package is internal, and keeping this file free of
 imports means importing one of its modules (as `callbacks/` does) never pulls in

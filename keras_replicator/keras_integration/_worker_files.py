@@ -13,10 +13,12 @@ that skipped it would leave the others waiting. So, as tf_keras did for Keras 2
 the user's path:
 
 - the chief writes into a hidden staging directory next to the target (same
-  filesystem), then renames what was written into place (`os.replace`): a reader
-  sees the previous file or the new one, never half of one. Several files
-  (sharded weights) are published index last; a directory (an unzipped `.keras`,
-  a SavedModel export) replaces the previous one as a whole;
+  filesystem), then renames what was written into place: a reader sees the
+  previous file or the new one, never half of one. Several files (sharded
+  weights) are published index last; a directory (an unzipped `.keras`, a
+  SavedModel export) replaces the previous one as a whole, and the path is
+  never left missing; a symlink's target is replaced; leftovers of killed saves
+  are removed by the next save (`_atomic_publish`);
 - other workers write into a private scratch directory, deleted right after (and
   at exit, for TensorBoard logs). One exception: a direct `model.save(...)` /
   `save_weights(...)` of a single local file is published by every worker, the
@@ -38,12 +40,27 @@ import os
 import shutil
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable
 
 from keras_replicator import _compat, _roles
+from keras_replicator.keras_integration._atomic_publish import (
+    TEMP_MARKER,
+    write_atomically,
+)
 
-TEMP_MARKER = ".kr-tmp-"
+__all__ = [
+    "TEMP_MARKER",
+    "is_chief",
+    "log_dir_for_worker",
+    "remove_scratch",
+    "routes",
+    "save_checkpoint",
+    "save_for_worker",
+    "save_model_file",
+    "scratch_dir",
+    "write_atomically",
+    "write_to_scratch",
+]
 SCRATCH_PREFIX = "kr-worker{index}-scratch-"
 
 _state = threading.local()
@@ -183,88 +200,3 @@ def write_to_scratch(path: str, write: Callable[[str], None], index: int) -> Non
         write(os.path.join(scratch, os.path.basename(path.rstrip("/")) or "output"))
     finally:
         remove_scratch(scratch)
-
-
-def staging_dir(path: str) -> str:
-    """A new hidden directory next to `path`, on its filesystem (for `os.replace`)."""
-    directory, name = os.path.split(path.rstrip("/"))
-    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging = os.path.join(directory or ".", f".{name}{TEMP_MARKER}{token}")
-    os.makedirs(staging)
-    return staging
-
-
-def write_atomically(
-    path, write: Callable[[str], None], *, single_file_only: bool = False
-) -> None:
-    """Calls `write(p)` for a staged `p`, then renames what it wrote to `path`.
-
-    `write` may produce a file, a directory, or several files next to `p`
-    (sharded weights: the file named like `path` is published last, so a reader
-    that finds it finds its shards). If `write` fails or the process dies, `path`
-    keeps its previous content; the staging directory is removed (or, after a
-    hard kill, left hidden with `.kr-tmp-` in its name). With
-    `single_file_only`, anything but one regular file named like `path` is
-    discarded instead of published (a non-chief's copy of a directory).
-
-    Example:
-    >>> import os, tempfile
-    >>> from keras_replicator.keras_integration._worker_files import write_atomically
-    >>> path = os.path.join(tempfile.mkdtemp(), "note.txt")
-    >>> write_atomically(path, lambda p: open(p, "w").write("saved"))
-    >>> open(path).read(), os.listdir(os.path.dirname(path))
-    ('saved', ['note.txt'])
-    """
-    path = os.fspath(path)
-    if "://" in path:
-        write(path)
-        return
-    directory, name = os.path.split(path.rstrip("/"))
-    directory = directory or "."
-    os.makedirs(directory, exist_ok=True)
-    staging = staging_dir(path)
-    try:
-        write(os.path.join(staging, name))
-        # The file named like `path` (or a sharded save's `.weights.json`)
-        # indexes the others: publish it last.
-        written = sorted(
-            os.listdir(staging),
-            key=lambda entry: (entry == name or entry.endswith(".json"), entry),
-        )
-        if single_file_only and (
-            written != [name] or not os.path.isfile(os.path.join(staging, name))
-        ):
-            return
-        for entry in written:
-            _publish(os.path.join(staging, entry), os.path.join(directory, entry))
-        _fsync(directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _publish(source: str, target: str) -> None:
-    if os.path.isdir(source):
-        for root, _, files in os.walk(source):
-            for file in files:
-                _fsync(os.path.join(root, file))
-        if os.path.isdir(target) and not os.path.islink(target):
-            # A directory cannot be renamed over a non-empty one: move the old one
-            # into the staging directory (deleted with it) first.
-            os.replace(target, source + ".previous")
-    else:
-        _fsync(source)
-    os.replace(source, target)
-
-
-def _fsync(path: str) -> None:
-    """Flushes a file (or a directory entry) to disk, where the OS allows it."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # some filesystems cannot fsync a directory; the rename still holds
-    finally:
-        os.close(descriptor)

@@ -3,9 +3,11 @@
 `launch()` runs a command as a worker group (locally, or as one task of a
 TF_CONFIG / Slurm cluster) and restarts it after failures; `launch_function()`
 does the same for a Python function, from a notebook too; `run_workers()` is the
-single-run supervisor both build on.
+single-run supervisor both build on. `exit_with_launcher()` is for the worker
+side: a task that serves until stopped calls it to end with its launcher.
 """
 
+from keras_replicator._watchdog import exit_with_launcher
 from keras_replicator.launch._function import LaunchError, launch_function
 from keras_replicator.launch._launcher import launch
 from keras_replicator.launch._options import LaunchOptions
@@ -18,6 +20,7 @@ __all__ = [
     "LaunchOptions",
     "LaunchResult",
     "WorkerResult",
+    "exit_with_launcher",
     "free_ports",
     "launch",
     "launch_function",

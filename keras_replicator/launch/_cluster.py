@@ -28,7 +28,12 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from keras_replicator._tf_config import num_tasks, parse_tf_config
+from keras_replicator._tf_config import (
+    format_address,
+    num_tasks,
+    parse_tf_config,
+    validate_tf_config,
+)
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions, is_loopback
 from keras_replicator.launch._ports import free_ports, port_in_use
 from keras_replicator.launch._runner import WorkerSpec, tf_configs
@@ -154,13 +159,16 @@ def _plan_local_ps(options: LaunchOptions) -> ClusterPlan:
         )
     cluster, start = {}, 0
     for kind, count in counts.items():
-        cluster[kind] = [f"{options.host}:{p}" for p in ports[start : start + count]]
+        cluster[kind] = [
+            format_address(options.host, p) for p in ports[start : start + count]
+        ]
         start += count
     configs = [
         {"cluster": cluster, "task": {"type": kind, "index": index}}
         for kind, count in counts.items()
         for index in range(count)
     ]
+    validate_tf_config(configs[0])
     specs = tuple(
         WorkerSpec(
             index=config["task"]["index"],
@@ -186,7 +194,7 @@ def _plan_task(mode, config, raw_tf_config, options, extra_env) -> ClusterPlan:
         (f"TF_CONFIG['cluster']['{kind}'][{i}]", address)
         for kind, addresses in cluster.items()
         for i, address in enumerate(addresses)
-        if not is_loopback(address.rpartition(":")[0].strip("[]"))
+        if not is_loopback(address.rpartition(":")[0])
     ]
     if remote and not options.allow_remote:
         field, address = remote[0]

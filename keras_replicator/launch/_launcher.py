@@ -8,6 +8,11 @@ the last `keras_replicator.callbacks.BackupAndRestore` backup. Each worker sees
 `KERAS_REPLICATOR_RESTART_COUNT` (0 on the first run), like torchrun's
 `TORCHELASTIC_RESTART_COUNT`.
 
+A run that failed because TensorFlow could not bind a port the launcher chose
+(another process took it in between: "Could not start gRPC server") is started
+again on fresh ports, up to `PORT_RETRIES` times, without counting as a restart;
+the failure message names the task, the port and its `TF_CONFIG` field.
+
 Restarts are only offered in `local` mode: in `tf-config` / `slurm` mode this
 launcher runs one task of a group that spans machines, so restarting it alone
 cannot restart the group; there the scheduler restarts (TFJob `restartPolicy`,
@@ -19,18 +24,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 
 from keras_replicator.launch._cluster import plan_cluster
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
+from keras_replicator.launch._output import note
 from keras_replicator.launch._ps_runner import run_ps_group
 from keras_replicator.launch._results import LaunchResult
 from keras_replicator.launch._runner import run_group
 
 RESTART_COUNT_ENV = "KERAS_REPLICATOR_RESTART_COUNT"
+# Runs started again on fresh ports when TF could not bind a port the launcher
+# chose (another process took it in between); not counted as restarts.
+PORT_RETRIES = 2
 
 
 def launch(
@@ -150,7 +158,7 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
 
     started = time.monotonic()
     failed_runs: list[LaunchResult] = []
-    attempt = 0
+    attempt = port_retries = 0
     while True:
         remaining = None
         if options.timeout is not None:
@@ -172,6 +180,20 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
             )
         else:
             result = run_group(command, specs, **runner_options)
+        if (
+            not result.ok
+            and not result.timed_out
+            and result.lost_port is not None
+            and plan.mode == "local"
+            and options.ports is None
+            and port_retries < PORT_RETRIES
+        ):
+            port_retries += 1
+            failed_runs.append(result)
+            if options.echo:
+                _note(f"{result.headline()}. Starting again on fresh ports.")
+            plan = plan_cluster(options)
+            continue
         if result.ok or result.timed_out or attempt >= options.max_restarts:
             break
         attempt += 1
@@ -214,4 +236,4 @@ def _check_command(command) -> list[str]:
 
 
 def _note(message: str) -> None:
-    print(f"keras-replicator launch: {message}", file=sys.stderr, flush=True)
+    note(message)

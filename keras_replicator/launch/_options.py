@@ -12,6 +12,8 @@ import ipaddress
 import math
 from collections.abc import Mapping, Sequence
 
+from keras_replicator._tf_config import address_problem, format_address
+
 CLUSTER_MODES = ("auto", "local", "tf-config", "slurm")
 DEFAULT_SLURM_PORT_BASE = 8888  # TensorFlow's SlurmClusterResolver default.
 
@@ -82,6 +84,14 @@ class LaunchOptions:
                 "`host` must be a host name or IP address string. "
                 f"Received: host={self.host!r}. Use '127.0.0.1'."
             )
+        if self.host.startswith("[") and self.host.endswith("]"):
+            object.__setattr__(self, "host", self.host[1:-1])  # "[::1]" -> "::1"
+        problem = address_problem(format_address(self.host, 1))
+        if problem:
+            raise ValueError(
+                f"`host` must be a host name, an IPv4 or an IPv6 address: {problem}. "
+                f"Received: host={self.host!r}. Use e.g. '127.0.0.1' or '::1'."
+            )
         if not self.allow_remote and not is_loopback(self.host):
             raise ValueError(
                 "`host` must be a loopback address unless `allow_remote=True` "
@@ -113,11 +123,11 @@ class LaunchOptions:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine's loopback interface."""
+    """Whether `host` (bracketed or not, for IPv6) names this machine's loopback."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 

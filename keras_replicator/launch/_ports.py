@@ -17,17 +17,19 @@ import socket
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Returns `count` distinct ports that were free on `host` a moment ago.
 
+    `host` may be an IPv6 address (`"::1"`, bracketed or not).
+
     Example:
     >>> from keras_replicator.launch import free_ports
     >>> len(set(free_ports(3)))
     3
     """
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(count):
-            sock = stack.enter_context(
-                socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            )
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
             sock.bind((host, 0))
             ports.append(sock.getsockname()[1])
         return ports

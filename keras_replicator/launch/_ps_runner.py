@@ -5,31 +5,34 @@ the workers and parameter servers serve it (constructing the strategy on them
 serves and blocks). So the rules differ from `run_group`'s:
 
 - The job ends when the chief exits; its exit code is the job's. The launcher then
-  sends SIGTERM to the serving tasks, which exit 0 (`strategies/_ps_serving.py`).
+  sends SIGTERM to the serving tasks, which exit 0 (`parameter_server/_serving.py`).
 - A worker that exits on its own is restarted with the same `TF_CONFIG` (same
   port), up to `max_rejoins` times per worker; the chief's `ClusterCoordinator`
   re-runs its lost steps on the others meanwhile and uses it again when it is back.
 - A parameter server that dies is not restarted (the variables died with it): the
   chief fails with a clear error within the coordinator's failure detection, or
   the launcher stops the job after `ps_failure_grace` seconds.
+- Signals, output, the reaper and the stop routine are `run_group`'s
+  (`_runner.py`): serving tasks never outlive the launcher.
 """
 
 from __future__ import annotations
 
 import collections
-import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from keras_replicator.launch._output import Echo, note
+from keras_replicator.launch._reaper import REAPER
 from keras_replicator.launch._results import LaunchResult, WorkerResult
 from keras_replicator.launch._runner import (
     _TAIL_LINES,
     WorkerSpec,
-    _pump,
+    _read,
     _start,
     _stop,
 )
+from keras_replicator.launch._signals import signals_deferred
 
 _POLL_SECONDS = 0.05
 _REJOIN_DELAY_SECONDS = 1.0
@@ -57,24 +60,23 @@ def run_ps_group(
     exits: list[float | None] = [None] * len(specs)
     rejoins = [0] * len(specs)
     readers = []
-    lock = threading.Lock()
+    output = Echo(echo)
     timed_out = False
     ps_died_at = None
 
     def start(position):
-        process = _start(command, specs[position], env, cwd)
-        reader = threading.Thread(
-            target=_pump,
-            args=(process, specs[position].prefix, tails[position], echo, lock),
-            daemon=True,
-        )
-        reader.start()
-        readers.append(reader)
-        return process
+        with signals_deferred():
+            process = _start(command, specs[position], env, cwd, grace_seconds)
+            if position < len(processes):
+                REAPER.forget(processes[position].pid)  # exited and reaped
+                processes[position] = process
+            else:
+                processes.append(process)
+        readers.append(_read(process, specs[position].prefix, tails[position], output))
 
     try:
         for position in range(len(specs)):
-            processes.append(start(position))
+            start(position)
         while True:
             now = time.monotonic()
             if processes[chief].poll() is not None:
@@ -92,7 +94,7 @@ def run_ps_group(
                         f"({rejoins[position]} of {max_rejoins}).",
                     )
                     time.sleep(_REJOIN_DELAY_SECONDS)
-                    processes[position] = start(position)
+                    start(position)
                     continue
                 if exits[position] is None:
                     exits[position] = now - started
@@ -127,6 +129,7 @@ def run_ps_group(
                 seconds=exits[position],
                 stopped=position in stopped,
                 label=spec.label,
+                address=spec.address,
             )
             for position, (spec, process) in enumerate(zip(specs, processes))
         ),
@@ -139,4 +142,4 @@ def run_ps_group(
 
 def _note(echo, message):
     if echo:
-        print(f"keras-replicator launch: {message}", file=sys.stderr, flush=True)
+        note(message)

@@ -15,6 +15,8 @@ import signal
 _TRACEBACK_START = "Traceback (most recent call last):"
 # What TensorFlow reports when a collective outlives its timeout.
 _COLLECTIVE_TIMEOUT_MARKERS = ("DeadlineExceeded", "Collective has timed out")
+# What TensorFlow reports when its gRPC server cannot bind the TF_CONFIG port.
+_LOST_PORT_MARKERS = ("Could not start gRPC server",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,8 @@ class WorkerResult:
             at the deadline) rather than it exiting on its own.
         label: Its task name (`"chief"`, `"ps 0"`) in a parameter-server job;
             `None` for a worker of a group of peers.
+        address: `(TF_CONFIG field, "host:port")` of its gRPC server, when it
+            has a `TF_CONFIG`; named when the port was lost.
     """
 
     index: int
@@ -38,6 +42,12 @@ class WorkerResult:
     seconds: float | None = None
     stopped: bool = False
     label: str | None = None
+    address: tuple[str, str] | None = None
+
+    @property
+    def lost_port(self) -> bool:
+        """Whether TensorFlow failed to bind this worker's port (taken meanwhile)."""
+        return any(marker in self.output for marker in _LOST_PORT_MARKERS)
 
     @property
     def name(self) -> str:
@@ -144,7 +154,14 @@ class LaunchResult:
             )
         if stopped:
             head += f"; the launcher stopped worker(s) {stopped}"
+        if self.lost_port is not None:
+            head += _lost_port_note(self.lost_port)
         return head
+
+    @property
+    def lost_port(self) -> WorkerResult | None:
+        """The first worker whose gRPC server could not bind its port, if any."""
+        return next((w for w in self.workers if w.lost_port), None)
 
     def describe_failure(self) -> str:
         """The headline, then each worker's output tail (the failing one first)."""
@@ -170,6 +187,21 @@ def _describe_code(code: int | None) -> str:
         except ValueError:
             return str(code)
     return str(code)
+
+
+def _lost_port_note(failure: WorkerResult) -> str:
+    if failure.address is None:
+        where = "its TF_CONFIG port"
+    else:
+        field, address = failure.address
+        port = address.rpartition(":")[2]
+        where = f"port {port} (`{field}` = {address!r})"
+    return (
+        f"; TensorFlow could not start {failure.name}'s gRPC server on {where}: "
+        "another process took the port after the launcher chose it, or it is "
+        "in use. Run again (local workers get fresh ports each run, and "
+        "`--max-restarts` retries on fresh ports), or free the port"
+    )
 
 
 def _still_running_note(workers) -> str:

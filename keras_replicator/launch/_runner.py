@@ -7,10 +7,17 @@ grabs devices.
 
 Supervision rules:
 
-- Every line a worker prints is echoed with its label (`[worker 1] ...`).
+- Every line a worker prints is echoed with its label (`[worker 1] ...`), in
+  chunks of at most 8 KiB, and a closed stdout stops the echo, not the job
+  (`_output.py`).
 - The first worker to exit non-zero (or the deadline) stops the others: SIGTERM to
   each worker's process group, SIGKILL after `grace_seconds`. A worker that exits 0
-  is left alone, so a slow chief can still write its final checkpoint.
+  is left alone, so a slow chief can still write its final checkpoint. No
+  exception (a second Ctrl-C) can skip the SIGKILL: it comes at once instead.
+- Each worker leads a process group of its own, registered with the reaper
+  (`_reaper.py`), which stops it if the launcher dies without doing so; workers
+  get `KERAS_REPLICATOR_LAUNCHER_PID` for their own watchdog
+  (`keras_replicator/_watchdog.py`).
 - The result keeps, for every worker, its exit code, when it exited, whether the
   launcher stopped it, and the tail of its output. `first_failure` is the worker
   that failed first *in time* and on its own, which is the one to blame: the others
@@ -25,13 +32,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from keras_replicator._tf_config import format_address, validate_tf_config
+from keras_replicator._watchdog import LAUNCHER_PID_ENV
+from keras_replicator.launch._output import Echo, pump
 from keras_replicator.launch._ports import free_ports
+from keras_replicator.launch._reaper import REAPER
 from keras_replicator.launch._results import LaunchResult, WorkerResult
+from keras_replicator.launch._signals import signals_deferred
 
 _TAIL_LINES = 200
 _POLL_SECONDS = 0.05
@@ -49,6 +60,19 @@ class WorkerSpec:
     @property
     def prefix(self) -> str:
         return f"[{self.label or f'worker {self.index}'}] "
+
+    @property
+    def address(self) -> tuple[str, str] | None:
+        """`(TF_CONFIG field, "host:port")` of this task's own server, if known."""
+        try:
+            config = json.loads(self.tf_config)
+            kind, index = config["task"]["type"], config["task"]["index"]
+            return (
+                f"TF_CONFIG['cluster']['{kind}'][{index}]",
+                config["cluster"][kind][index],
+            )
+        except (TypeError, ValueError, KeyError, IndexError):
+            return None
 
 
 def tf_configs(num_workers: int, host: str = "127.0.0.1", ports=None) -> list[dict]:
@@ -74,11 +98,13 @@ def tf_configs(num_workers: int, host: str = "127.0.0.1", ports=None) -> list[di
             f"`ports` must list one port per worker ({num_workers}). "
             f"Received: ports={ports}."
         )
-    cluster = {"worker": [f"{host}:{port}" for port in ports]}
-    return [
+    cluster = {"worker": [format_address(host, port) for port in ports]}
+    configs = [
         {"cluster": cluster, "task": {"type": "worker", "index": index}}
         for index in range(num_workers)
     ]
+    validate_tf_config(configs[0])  # e.g. a host with a space, or a repeated port
+    return configs
 
 
 def run_workers(
@@ -168,19 +194,13 @@ def run_group(
     exits: list[float | None] = [None] * len(specs)
     stopped: set[int] = set()
     readers = []
-    lock = threading.Lock()
+    output = Echo(echo)
     timed_out = False
     try:
         for position, spec in enumerate(specs):
-            process = _start(command, spec, env, cwd)
-            processes.append(process)
-            reader = threading.Thread(
-                target=_pump,
-                args=(process, spec.prefix, tails[position], echo, lock),
-                daemon=True,
-            )
-            reader.start()
-            readers.append(reader)
+            with signals_deferred():
+                processes.append(_start(command, spec, env, cwd, grace_seconds))
+            readers.append(_read(processes[-1], spec.prefix, tails[position], output))
         while True:
             now = time.monotonic() - started
             for position, process in enumerate(processes):
@@ -211,6 +231,7 @@ def run_group(
                 "".join(tails[position]),
                 seconds=exits[position],
                 stopped=position in stopped,
+                address=spec.address,
             )
             for position, (spec, process) in enumerate(zip(specs, processes))
         ),
@@ -219,58 +240,70 @@ def run_group(
     )
 
 
-def _start(command, spec: WorkerSpec, env, cwd) -> subprocess.Popen:
+def _start(command, spec: WorkerSpec, env, cwd, grace_seconds=5.0):
+    """Starts one worker, leader of a new session, registered with the reaper."""
     worker_env = dict(os.environ)
     worker_env.update(env or {})
     worker_env.update(spec.env)
     if spec.tf_config is not None:
         worker_env["TF_CONFIG"] = spec.tf_config
     worker_env.setdefault("PYTHONUNBUFFERED", "1")
+    worker_env[LAUNCHER_PID_ENV] = str(os.getpid())
     # A session of its own, so that stopping a worker also stops its children
     # and a Ctrl-C in the terminal reaches the launcher only (which then stops
-    # every worker in order).
-    return subprocess.Popen(
+    # every worker in order). Bytes, read in bounded chunks (`_output.py`).
+    process = subprocess.Popen(
         list(command),
         env=worker_env,
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
         start_new_session=True,
     )
+    REAPER.watch(process.pid, grace_seconds)
+    return process
 
 
-def _pump(process, prefix, tail, echo, lock):
-    for line in process.stdout:
-        tail.append(line)
-        if echo:
-            with lock:
-                sys.stdout.write(prefix + line)
-                sys.stdout.flush()
+def _read(process, prefix, tail, output: Echo) -> threading.Thread:
+    """Starts the thread that drains `process`'s output into `tail` and `output`."""
+    reader = threading.Thread(
+        target=pump, args=(process.stdout, prefix, tail, output), daemon=True
+    )
+    reader.start()
+    return reader
 
 
 def _stop(processes, grace_seconds) -> set[int]:
     """SIGTERM every live worker's process group, then SIGKILL what remains.
 
+    Nothing skips the SIGKILL: an exception during the grace period (a second
+    Ctrl-C under Python's default handler) sends it at once, then propagates.
     Returns the positions of the workers it had to stop.
     """
     live = {i: p for i, p in enumerate(processes) if p.poll() is None}
     for process in live.values():
         _signal_group(process, signal.SIGTERM)
     end = time.monotonic() + grace_seconds
-    for process in live.values():
-        try:
-            process.wait(timeout=max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
+    try:
+        for process in live.values():
+            try:
+                process.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for process in live.values():
+            if process.poll() is None:
+                _signal_group(process, signal.SIGKILL)
+        for process in live.values():
             process.wait()
+        for process in processes:
+            REAPER.forget(process.pid)
     return set(live)
 
 
 def _signal_group(process, sig):
     try:
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass

@@ -21,6 +21,8 @@ import time
 
 import tensorflow as tf
 
+from keras_replicator._watchdog import exit_with_launcher
+
 SERVING_TASKS = ("worker", "ps")
 
 
@@ -47,6 +49,10 @@ def serve_forever(cluster_resolver) -> None:
 
     signal.signal(signal.SIGTERM, finish)
     signal.signal(signal.SIGINT, finish)
+    # If the launcher is SIGKILLed this task would serve forever on all
+    # interfaces: the watchdog SIGTERMs this process (-> `finish`, exit 0) once it
+    # is gone. Outside `keras-replicator launch` it does nothing.
+    exit_with_launcher()
     print(
         f"keras_replicator: {task_type} {task_id} is serving for the chief's "
         "ClusterCoordinator; it blocks until the job ends.",

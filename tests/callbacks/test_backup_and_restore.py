@@ -3,6 +3,7 @@
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -188,6 +189,86 @@ def test_an_unreadable_backup_is_an_error_that_names_the_directory(tmp_path, ini
     _corrupt_latest(backup)
     with pytest.raises(OSError, match="`backup_dir`=.*cannot be read"):
         _fit(_workloads.mlp(), [BackupAndRestore(backup)])
+
+
+DAMAGES = {
+    "truncated": lambda content: content[: len(content) // 2],
+    "empty": lambda content: b"",
+    "garbage": lambda content: b"\x00\x17\xff not json",
+    "not a state": lambda content: b'{"epoch": "two", "batch": 0}',
+    "foreign weights": lambda content: b'{"epoch": 2, "weights": "../../x.h5"}',
+}
+
+
+def _damage_metadata(backup, how, suffix=""):
+    path = os.path.join(backup, module.METADATA_FILE + suffix)
+    with open(path, "rb") as file:
+        content = file.read()
+    with open(path, "wb") as file:
+        file.write(DAMAGES[how](content))
+
+
+@pytest.fixture(scope="module")
+def backup_after_two_epochs(tmp_path_factory):
+    """A backup committed after epoch 2 (and 1, with `double_checkpoint`)."""
+    backup = str(tmp_path_factory.mktemp("backups") / "backup")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(_workloads.mlp(), [BackupAndRestore(backup), Interrupt(2)])
+    return backup
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGES))
+def test_a_damaged_metadata_file_is_an_error_not_a_restart(
+    tmp_path, backup_after_two_epochs, how
+):
+    # Before: read as "no backup", so training restarted at epoch 0 from the
+    # latest weights (`latest.weights.h5`), silently.
+    backup = str(tmp_path / "backup")
+    shutil.copytree(backup_after_two_epochs, backup)
+    _damage_metadata(backup, how)
+    before = sorted(os.listdir(backup))
+    with pytest.raises(OSError) as raised:
+        _fit(_workloads.mlp(), [BackupAndRestore(backup)])
+    message = str(raised.value)
+    assert os.path.join(backup, module.METADATA_FILE) in message
+    assert "Delete `backup_dir` to start over" in message
+    (weights,) = [n for n in before if n.startswith("state-e2-")]
+    assert json.dumps({"epoch": 2, "weights": weights}) in message  # the remedy
+    assert sorted(os.listdir(backup)) == before  # nothing deleted
+
+
+def test_keras_own_callback_on_several_workers_reports_a_damaged_backup(
+    tmp_path, initial, monkeypatch
+):
+    # What a user of `keras.callbacks.BackupAndRestore` sees under
+    # MultiWorkerReplicator, where it is routed to ours (one process here:
+    # routing forced on, this process is the chief).
+    from keras_replicator.keras_integration import _hooks, _worker_files
+
+    _hooks.install()
+    monkeypatch.setattr(_worker_files, "routes", lambda model: True)
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(_model(initial), [keras.callbacks.BackupAndRestore(backup), Interrupt(2)])
+    _damage_metadata(backup, "truncated")
+    with pytest.raises(OSError, match="training_metadata.json is not valid JSON"):
+        _fit(_workloads.mlp(), [keras.callbacks.BackupAndRestore(backup)])
+
+
+def test_a_damaged_metadata_file_falls_back_to_the_previous_backup(
+    tmp_path, initial, uninterrupted
+):
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit(
+            _model(initial),
+            [BackupAndRestore(backup, double_checkpoint=True), Interrupt(3)],
+        )
+    _damage_metadata(backup, "truncated")
+    resumed = _workloads.mlp()
+    history = _fit(resumed, [BackupAndRestore(backup, double_checkpoint=True)])
+    assert len(history.history["loss"]) == EPOCHS - 2  # exactly from epoch 2
+    _assert_weights_equal(resumed.get_weights(), uninterrupted)
 
 
 def test_batch_frequency_backs_up_mid_epoch(tmp_path, initial):

@@ -78,6 +78,30 @@ def test_a_crash_while_saving_keeps_the_previous_file(tmp_path):
     assert os.listdir(tmp_path) == ["model.weights.h5"]
 
 
+@pytest.mark.filterwarnings("ignore:Skipping variable loading for optimizer")
+def test_a_symlinked_filepath_updates_the_file_it_points_to(tmp_path):
+    # Before: the link was replaced by a file and its target never updated.
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "run1.weights.h5"
+    link = tmp_path / "latest.weights.h5"
+    link.symlink_to(os.path.join("runs", "run1.weights.h5"))
+    model = _workloads.mlp()
+    _fit(model, [ModelCheckpoint(str(link), save_weights_only=True)], epochs=1)
+    assert link.is_symlink() and os.listdir(tmp_path / "runs") == [target.name]
+    restored = _workloads.mlp()
+    restored.load_weights(str(target))
+    for a, b in zip(restored.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_250_character_filepath_is_saved(tmp_path):
+    # Before: ENAMETOOLONG, from the staging suffix added to a valid name.
+    path = tmp_path / ("w" * 239 + ".weights.h5")
+    assert len(path.name) == 250
+    _fit(_workloads.mlp(), [ModelCheckpoint(str(path), save_weights_only=True)], 1)
+    assert os.listdir(tmp_path) == [path.name]
+
+
 def test_an_existing_directory_as_filepath_is_explained(tmp_path):
     (tmp_path / "model.keras").mkdir()
     with pytest.raises(IsADirectoryError, match="Received: filepath="):

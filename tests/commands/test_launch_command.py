@@ -174,3 +174,161 @@ def test_stopping_the_launcher_stops_the_workers(tmp_path, sig, code):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# A worker that ignores every polite signal and records its pid: only SIGKILL ends it.
+STUBBORN = (
+    "import os, signal, sys, time\n"
+    "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+    "    signal.signal(s, signal.SIG_IGN)\n"
+    "open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close()\n"
+    "time.sleep(120)\n"
+)
+
+
+def _gone(pid):
+    """Whether `pid` has exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _start_stubborn_launcher(tmp_path, num_workers=2, grace="1"):
+    launcher = subprocess.Popen(
+        [PY, "-m", "keras_replicator.cli", "launch", "-n", str(num_workers)]
+        + ["--grace-seconds", grace, "--timeout", "100"]
+        + ["--", PY, "-c", STUBBORN, str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # signals go to the launcher only, as from `kill`
+    )
+    deadline = time.monotonic() + 60
+    while len(os.listdir(tmp_path)) < num_workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(name) for name in os.listdir(tmp_path)]
+    assert len(pids) == num_workers
+    return launcher, pids
+
+
+def _assert_all_gone(pids, within):
+    deadline = time.monotonic() + within
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in pids if not _gone(pid)]
+    for pid in alive:  # do not leave them behind when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their launcher"
+
+
+@pytest.mark.parametrize(
+    "signals, code",
+    [
+        ((signal.SIGHUP,), 128 + signal.SIGHUP),  # terminal closed, ssh dropped
+        ((signal.SIGINT, signal.SIGINT), 130),  # a second Ctrl-C in the grace period
+        ((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), 128 + signal.SIGTERM),
+    ],
+    ids=["sighup", "double-sigint", "sigterm-then-more"],
+)
+def test_signals_stop_workers_that_ignore_sigterm(tmp_path, signals, code):
+    """Before: SIGHUP killed the launcher and left the workers running; a second
+    Ctrl-C skipped the SIGKILL and orphaned workers that ignore SIGTERM."""
+    launcher, pids = _start_stubborn_launcher(tmp_path)
+    for sig in signals:
+        launcher.send_signal(sig)
+        time.sleep(0.3)
+    _, err = launcher.communicate(timeout=30)
+    _assert_all_gone(pids, within=5)
+    assert launcher.returncode == code, err
+    assert "the workers were stopped" in err
+
+
+def test_a_sigkilled_launcher_still_takes_its_workers_down(tmp_path):
+    """The reaper: a launcher killed outright cannot stop its workers itself."""
+    launcher, pids = _start_stubborn_launcher(tmp_path)
+    launcher.kill()
+    launcher.communicate(timeout=30)
+    _assert_all_gone(pids, within=15)  # SIGTERM, 1 s grace, SIGKILL
+
+
+def test_a_closed_stdout_neither_hangs_nor_stops_the_job():
+    """`launch ... | head -1`: before, the echo thread died on EPIPE, the worker
+    blocked on its full pipe and the job hung forever."""
+    code = "for i in range(30000):\n    print('line', i, 'x' * 80)\n"
+    launcher = subprocess.Popen(
+        [PY, "-m", "keras_replicator.cli", "launch", "-n", "2", "--timeout", "100"]
+        + ["--", PY, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert launcher.stdout.readline().startswith("[worker ")
+        launcher.stdout.close()  # the reader goes away, like `head -1`
+        launcher.wait(timeout=60)  # a few lines of stderr: its pipe cannot fill
+        err = launcher.stderr.read()
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, err
+    assert err.count("stdout was closed") == 1, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+def _peak_rss_mb(pid):
+    with open(f"/proc/{pid}/status") as file:
+        for line in file:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_line_of_hundreds_of_megabytes_does_not_grow_the_launcher(tmp_path):
+    """Before, the launcher held the whole line (3x its size as text) in memory."""
+    code = (
+        "import os, sys, time\n"
+        "chunk = b'x' * 2**20\n"
+        "for _ in range(200):\n"
+        "    sys.stdout.buffer.write(chunk)\n"
+        "sys.stdout.buffer.flush()\n"
+        f"open({str(tmp_path / 'written')!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    launcher = subprocess.Popen(
+        [PY, "-m", "keras_replicator.cli", "launch", "-n", "1", "--timeout", "100"]
+        + ["--grace-seconds", "1", "--", PY, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "written").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "written").exists()
+        time.sleep(0.5)  # the launcher drains the last pipe buffer
+        peak = _peak_rss_mb(launcher.pid)
+    finally:
+        launcher.terminate()
+        launcher.wait(timeout=30)
+    assert peak < 80, f"launcher peaked at {peak:.0f} MB for a 200 MB line"
+
+
+def test_an_ipv6_host_is_written_in_brackets():
+    out = _cli("-n", "2", "--host", "::1", "--dry-run", "--", "python", "train.py")
+    assert out.returncode == 0, out.stderr
+    assert '"cluster": {"worker": ["[::1]:' in out.stdout
+    assert '"::1:' not in out.stdout
+
+
+@pytest.mark.parametrize(
+    "host, message",
+    [("a b", "the host 'a b' may only hold"), ("::1::2", "not an IPv6 address")],
+)
+def test_a_bad_host_is_a_usage_error(host, message):
+    out = _cli("-n", "2", "--host", host, "--allow-remote", "--", PY, "-c", "pass")
+    assert out.returncode == 2
+    assert "`host` must be a host name" in out.stderr and message in out.stderr

@@ -188,3 +188,17 @@ def test_two_slurm_tasks_launch_one_worker_each():
     for procid, (process, (out, err)) in enumerate(zip(launchers, outputs)):
         assert process.returncode == 0, err
         assert f"[worker {procid}] {{'type': 'worker', 'index': {procid}}}" in out
+
+
+def test_a_local_ps_job_on_ipv6_brackets_every_address():
+    plan = plan_cluster(LaunchOptions(num_workers=2, num_ps=1, host="::1"), {})
+    cluster = plan.all_configs[0]["cluster"]
+    addresses = [a for kind in ("chief", "worker", "ps") for a in cluster[kind]]
+    assert len(addresses) == 4 and all(a.startswith("[::1]:") for a in addresses)
+
+
+def test_a_scheduler_cluster_on_ipv6_loopback_is_local():
+    a, b = free_ports(2, "::1")
+    environ = {"TF_CONFIG": _tf_config([f"[::1]:{a}", f"[::1]:{b}"], index=1)}
+    plan = plan_cluster(LaunchOptions(), environ)
+    assert plan.specs[0].address == ("TF_CONFIG['cluster']['worker'][1]", f"[::1]:{b}")

@@ -299,3 +299,23 @@ def test_a_hung_peer_becomes_an_error_within_the_collective_timeout():
     assert collective_timeout - 1 <= waited <= collective_timeout + 30
     assert error == "DeadlineExceededError"
     assert "while worker(s) [1] were still running" in result.headline()
+
+
+def test_a_lost_port_is_retried_on_fresh_ports(tmp_path, capfd):
+    """Another process may take a port between the launcher's choice and TF's bind:
+    a local group then starts again on fresh ports, not counted as a restart."""
+    code = (
+        "import os, sys\n"
+        "if not os.path.exists('lost'):\n"
+        "    open('lost', 'w').close()\n"
+        "    print('UnknownError: Could not start gRPC server', file=sys.stderr)\n"
+        "    sys.exit(1)\n"
+        "print('ran on', os.environ['TF_CONFIG'])\n"
+    )
+    result = launch([PY, "-c", code], 1, timeout=60, cwd=str(tmp_path))
+    assert result.ok and result.restarts == 0
+    (lost,) = result.previous
+    assert lost.lost_port is not None
+    err = capfd.readouterr().err
+    assert "Starting again on fresh ports" in err
+    assert "`TF_CONFIG['cluster']['worker'][0]`" in err

@@ -36,6 +36,9 @@ from keras_replicator.launch._options import is_loopback, parse_ports
         ),
         ({"num_workers": 2, "ports": (5000, 5000)}, ValueError, "distinct"),
         ({"port_base": 0}, ValueError, "Received: port_base=0"),
+        ({"host": "my host"}, ValueError, "may only hold ASCII.*host='my host'"),
+        ({"host": "node\n1"}, ValueError, "may only hold ASCII"),
+        ({"host": "::1::2"}, ValueError, "not an IPv6 address"),
     ],
 )
 def test_bad_options(kwargs, error, match):
@@ -50,6 +53,11 @@ def test_remote_host_needs_the_explicit_flag_and_says_why():
     assert options.host == "192.168.1.5"
 
 
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_an_ipv6_loopback_host_is_accepted_without_brackets(host):
+    assert LaunchOptions(num_workers=2, host=host).host == "::1"
+
+
 def test_good_options_are_kept():
     options = LaunchOptions(num_workers=2, max_restarts=3, ports=[5000, 5001])
     assert options.ports == (5000, 5001) and options.max_restarts == 3
@@ -57,7 +65,13 @@ def test_good_options_are_kept():
 
 @pytest.mark.parametrize(
     "host, expected",
-    [("127.0.0.1", True), ("localhost", True), ("::1", True), ("10.0.0.1", False)],
+    [
+        ("127.0.0.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("10.0.0.1", False),
+    ],
 )
 def test_is_loopback(host, expected):
     assert is_loopback(host) is expected

@@ -5,8 +5,11 @@ The serving tasks below mimic `_ps_serving`: they block until SIGTERM, exit 0.
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -134,3 +137,47 @@ def test_a_missing_program_is_a_one_line_error():
     assert "Traceback" not in done.stderr
     assert "`command[0]` must be an executable program" in done.stderr
     assert "'/no/such/program', which does not exist" in done.stderr
+
+
+# Every task of the job records its pid and serves until SIGKILL (ignores SIGTERM).
+SERVE_FOREVER = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close()\n"
+    "time.sleep(120)\n"
+)
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_serving_tasks_do_not_outlive_a_sigkilled_launcher(tmp_path):
+    """Before, the ps and worker tasks of a job whose launcher was SIGKILLed
+    served forever (listening on all interfaces)."""
+    launcher = subprocess.Popen(
+        [PY, "-m", "keras_replicator.cli", "launch", "-n", "1", "--ps", "1"]
+        + ["--grace-seconds", "1", "--timeout", "100"]
+        + ["--", PY, "-c", SERVE_FOREVER, str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(os.listdir(tmp_path)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(name) for name in os.listdir(tmp_path)]
+    assert len(pids) == 3  # chief, worker 0, ps 0
+    launcher.kill()
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in pids if not _gone(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"tasks {alive} outlived their launcher"

@@ -1,5 +1,10 @@
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -144,3 +149,100 @@ def test_a_collective_timeout_points_at_the_peers_still_running():
     )
     result = run_workers([PY, "-c", code], 2, timeout=50, echo=False, grace_seconds=1)
     assert "while worker(s) [1] were still running" in result.headline()
+
+
+# What TensorFlow 2.21 prints when its server cannot bind the TF_CONFIG port.
+LOST_PORT = (
+    "import sys\n"
+    "print('tensorflow.python.framework.errors_impl.UnknownError: Could not start "
+    "gRPC server', file=sys.stderr)\n"
+    "sys.exit(1)\n"
+)
+
+
+def test_a_lost_port_is_named_with_its_task_and_field():
+    result = run_workers([PY, "-c", LOST_PORT], 1, ports=[4321], echo=False)
+    assert not result.ok
+    assert result.lost_port is result.workers[0]
+    headline = result.headline()
+    assert "could not start worker 0's gRPC server on port 4321" in headline
+    assert "`TF_CONFIG['cluster']['worker'][0]` = '127.0.0.1:4321'" in headline
+
+
+def test_tf_configs_bracket_ipv6_hosts():
+    configs = tf_configs(2, host="::1")
+    addresses = configs[0]["cluster"]["worker"]
+    assert all(a.startswith("[::1]:") for a in addresses)
+    assert len(set(addresses)) == 2
+
+
+def test_tf_configs_refuse_a_host_grpc_cannot_read():
+    with pytest.raises(ValueError, match="may only hold ASCII letters"):
+        tf_configs(1, host="my host", ports=[5000])
+
+
+TF_SERVER = (
+    "import tensorflow as tf\n"
+    "resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+    "tf.distribute.Server(resolver.cluster_spec(), job_name='worker', task_index=0)\n"
+)
+
+
+@pytest.mark.slow
+def test_tensorflows_own_lost_port_error_is_recognised():
+    """The marker is TensorFlow's real message (one TF worker, ~10 s)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_workers(
+            [PY, "-c", TF_SERVER], 1, ports=[port], timeout=240, echo=False
+        )
+    assert not result.ok and result.lost_port is result.workers[0], result.workers
+    assert f"on port {port} (`TF_CONFIG['cluster']['worker'][0]`" in result.headline()
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_second_keyboard_interrupt_kills_at_once_instead_of_orphaning(tmp_path):
+    """From Python (default handlers), a second Ctrl-C in the grace period used to
+    skip the SIGKILL and leave workers that ignore SIGTERM running."""
+    stubborn = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close()\n"
+        "time.sleep(120)\n"
+    )
+    script = (
+        "import sys\n"
+        "from keras_replicator.launch import run_workers\n"
+        f"run_workers([sys.executable, '-c', {stubborn!r}, {str(tmp_path)!r}], 2,\n"
+        "            echo=False, grace_seconds=30)\n"
+    )
+    parent = subprocess.Popen(
+        [PY, "-c", script], stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(name) for name in os.listdir(tmp_path)]
+    assert len(pids) == 2
+    parent.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # now in the 30 s grace period
+    parent.send_signal(signal.SIGINT)
+    try:
+        _, err = parent.communicate(timeout=15)  # well before the grace ends
+    finally:
+        alive = [pid for pid in pids if not _gone(pid)]
+        for pid in alive:
+            os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+    assert not alive, f"workers {alive} were orphaned"
+    assert b"KeyboardInterrupt" in err

@@ -1,0 +1,117 @@
+"""Stopping the launcher: SIGHUP, SIGTERM and SIGINT all stop the workers first.
+
+The workers run in sessions of their own (so a Ctrl-C in the terminal reaches the
+launcher only, which then stops them in order, and so stopping a worker stops its
+children too). That makes the launcher responsible for them: a signal that kills
+it outright would leave them running. So `stop_on_signals()` turns the first
+SIGHUP (terminal closed, ssh dropped), SIGTERM or SIGINT into a `StopSignal`
+exception in the main thread, which unwinds through the runner's `finally:` that
+stops the workers (SIGTERM, then SIGKILL after the grace period).
+
+A second signal while the workers are being stopped must not cut that short: with
+Python's default handlers a second Ctrl-C raises `KeyboardInterrupt` inside the
+wait and skips the SIGKILL, orphaning any worker that ignores SIGTERM. Here later
+signals only print a note; the runner's stop routine is also written so that any
+exception during the grace period sends SIGKILL at once rather than skipping it.
+The launcher's last line of defence, when it is SIGKILLed itself, is the reaper
+(`_reaper.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+from keras_replicator.launch._output import note
+
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignal(Exception):
+    """The launcher received `signum`; the workers are stopped as this unwinds."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention: 128 + the signal number (130 for Ctrl-C)."""
+        return 128 + self.signum
+
+
+class _State:
+    """Shared by the handler and `signals_deferred` (both run in the main thread)."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.deferring = 0
+        self.pending: int | None = None
+
+
+_state = _State()
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals=STOP_SIGNALS):
+    """Within the block, the first of `signals` raises `StopSignal`; later ones note.
+
+    Only the main thread can install signal handlers; elsewhere this does nothing.
+
+    Example:
+    >>> import os, signal
+    >>> with stop_on_signals():
+    ...     try:
+    ...         os.kill(os.getpid(), signal.SIGHUP)
+    ...     except StopSignal as stop:
+    ...         print(stop, stop.exit_code)
+    received SIGHUP 129
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    global _state
+    outer, _state = _state, _State()
+
+    def handler(signum, frame):
+        if _state.received:
+            note(
+                f"received {signal.Signals(signum).name} again; the workers are "
+                "being stopped (SIGKILL after the grace period for any still "
+                "running)."
+            )
+            return
+        _state.received.append(signum)
+        if _state.deferring:
+            _state.pending = signum
+            return
+        raise StopSignal(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        _state = outer
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """A `StopSignal` due in the block is raised at its end instead.
+
+    The runner starts a worker and records it in one such block: a `StopSignal`
+    raised between `Popen()` and the line that records the new process would
+    leave that worker unknown to the runner, so never stopped. (Python runs
+    signal handlers in the main thread, where the runner starts workers.)
+    """
+    state = _state
+    state.deferring += 1
+    try:
+        yield
+    finally:
+        state.deferring -= 1
+        if not state.deferring and state.pending is not None:
+            signum, state.pending = state.pending, None
+            raise StopSignal(signum)
