@@ -1,0 +1,288 @@
+"""The socket ring's bytes on the wire: the handshake, the per-call header, deadlines.
+
+Why each piece exists (issue 22: the ring is the default gradient transport, so it
+must be at least as safe as TensorFlow's collectives):
+
+* **Handshake.** The ring's listening port is reachable by anyone who can reach
+  the worker's address, and the first process to connect used to be taken as the
+  ring neighbour (its bytes were added into the gradients). Every worker now adds
+  random words to the table the strategy already all-reduces to exchange the ports
+  (`secret_words`), and all of them hash the same table into one per-job secret
+  (`derive_secret`). Each connection then proves it both ways with HMAC-SHA256
+  challenge-response over fresh nonces (`prove_to_listener` /
+  `check_connector`), bounded by `HANDSHAKE_TIMEOUT`; `accept_neighbour` closes a
+  connection that fails and keeps accepting until the neighbour proves the secret
+  or the deadline passes. This authenticates the ring's connections; it does not
+  encrypt them (gradients travel in clear, as over TensorFlow's gRPC ports), and
+  the secret itself travels over TensorFlow's collectives, so whoever can read
+  those ports can read it.
+* **Header.** Every call sends a 64-byte header (magic, call counter, bytes,
+  elements, dtype name) before its data, and checks the left neighbour's before
+  receiving any data, so buffers that differ between workers (10 vs 12 values,
+  float32[16] vs float64[8]: the same bytes) are an error naming both sides
+  instead of a silent wrong sum.
+* **Deadlines.** `send_all` / `receive_into` take one absolute `time.monotonic()`
+  deadline and give each socket operation only the time left, so a peer that
+  trickles bytes cannot keep a call alive past it.
+
+Hand-written because nothing in the standard library or our dependencies frames
+a raw TCP stream: TLS (`ssl`) would need a certificate per job and encrypts every
+byte (the ring's rate is the point); `hmac`, `hashlib` and `struct` do the
+cryptography and the packing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import threading
+import time
+import warnings
+
+import numpy as np
+
+# 16-bit words are exact in the float32 table the strategy all-reduces (24-bit
+# significand); 16 of them give each worker 256 random bits.
+SECRET_WORDS = 16
+HANDSHAKE_TIMEOUT = 5.0  # seconds one connection may take to prove the secret
+_HELLO = b"KRRING1\n"
+_NONCE = 32
+_MAC = 32
+
+
+class HandshakeError(ConnectionError):
+    """A connection that did not prove the job's secret."""
+
+
+class FrameMismatch(RuntimeError):
+    """A left neighbour's call header that differs from this worker's."""
+
+
+def secret_words() -> list[float]:
+    """This worker's random contribution to the shared table (exact in float32)."""
+    return [float(w) for w in np.frombuffer(os.urandom(2 * SECRET_WORDS), np.uint16)]
+
+
+def derive_secret(words) -> bytes:
+    """The job's secret from every worker's `secret_words` (a table, one row each).
+
+    Example:
+    >>> table = [[1.0] * SECRET_WORDS, [2.0] * SECRET_WORDS]
+    >>> derive_secret(table) == derive_secret([list(r) for r in table])
+    True
+    """
+    values = np.rint(np.asarray(words, np.float64)).astype(">u4")
+    return hashlib.sha256(
+        b"keras_replicator ring secret 1\0" + values.tobytes()
+    ).digest()
+
+
+def _mac(secret, role, left, right, listener_nonce, connector_nonce) -> bytes:
+    message = role + struct.pack("!II", left, right) + listener_nonce + connector_nonce
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def prove_to_listener(sock, secret: bytes, rank: int, right: int, deadline) -> None:
+    """The connecting side: proves the secret to `right` and checks its proof."""
+    hello = receive_exact(sock, len(_HELLO) + _NONCE, deadline)
+    if not hello.startswith(_HELLO):
+        raise HandshakeError("the listener did not greet as a ring worker")
+    theirs, mine = hello[len(_HELLO) :], os.urandom(_NONCE)
+    send_all(sock, [mine + _mac(secret, b"C", rank, right, theirs, mine)], deadline)
+    proof = receive_exact(sock, _MAC, deadline)
+    if not hmac.compare_digest(proof, _mac(secret, b"L", rank, right, theirs, mine)):
+        raise HandshakeError("the listener did not prove the job's secret")
+
+
+def check_connector(sock, secret: bytes, rank: int, left: int, deadline) -> None:
+    """The listening side: checks that the connection comes from `left`, proves back."""
+    mine = os.urandom(_NONCE)
+    send_all(sock, [_HELLO + mine], deadline)
+    reply = receive_exact(sock, _NONCE + _MAC, deadline)
+    theirs, proof = reply[:_NONCE], reply[_NONCE:]
+    if not hmac.compare_digest(proof, _mac(secret, b"C", left, rank, mine, theirs)):
+        raise HandshakeError("it did not prove the job's secret")
+    send_all(sock, [_mac(secret, b"L", left, rank, mine, theirs)], deadline)
+
+
+def accept_neighbour(server, secret: bytes, rank: int, left: int, deadline):
+    """Accepts connections until one proves the secret; closes the others.
+
+    Returns:
+        The connected socket from worker `left`.
+
+    Raises:
+        TimeoutError: If no connection proved the secret before `deadline`.
+    """
+    refused = []
+    while True:
+        try:
+            server.settimeout(_remaining(deadline))
+            connection, peer = server.accept()
+        except TimeoutError:
+            detail = f" Refused: {'; '.join(refused)}." if refused else ""
+            raise TimeoutError(
+                f"worker {left} did not connect and prove the job's secret in time."
+                + detail
+            ) from None
+        try:
+            check_connector(
+                connection,
+                secret,
+                rank,
+                left,
+                min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT),
+            )
+            return connection
+        except (OSError, HandshakeError) as error:  # a stranger, or a slow one
+            connection.close()
+            refused.append(f"{peer[0]}:{peer[1]} ({error})")
+            warnings.warn(
+                f"The socket ring of worker {rank} refused a connection from "
+                f"{peer[0]}:{peer[1]} to its port: {error}. Only the ring "
+                "neighbour, which knows this job's secret, is accepted.",
+                stacklevel=2,
+            )
+
+
+def open_ring(server, right, secret: bytes, rank: int, size: int, wait: float):
+    """Connects to worker `rank + 1` and accepts worker `rank - 1`, both proven.
+
+    Accepting runs in a thread: each side's handshake needs its peer to answer,
+    and every worker connects at the same time. The left neighbour may start a
+    little later, so accepting waits 5 s more than connecting.
+
+    Args:
+        server: This worker's listening socket.
+        right: Worker `rank + 1`'s row of the shared table: IPv4 address, port.
+        secret: The job's secret (`derive_secret`).
+        rank: This worker's place in the ring.
+        size: The number of workers.
+        wait: Seconds connecting may take.
+
+    Returns:
+        `(send, receive)`, the connected sockets.
+    """
+    accepted, accept_errors = [], []
+    deadline = time.monotonic() + wait + 5.0
+
+    def accept():
+        try:
+            accepted.append(
+                accept_neighbour(server, secret, rank, (rank - 1) % size, deadline)
+            )
+        except (OSError, HandshakeError) as error:
+            accept_errors.append(error)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    send = None
+    try:
+        host = ".".join(str(int(v)) for v in right[:4])
+        send = socket.create_connection((host, int(right[4])), timeout=wait)
+        prove_to_listener(send, secret, rank, (rank + 1) % size, deadline)
+    except BaseException:
+        if send is not None:
+            send.close()
+        try:
+            server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread up
+        except OSError:
+            pass
+        thread.join()
+        for s in accepted:
+            s.close()
+        raise
+    thread.join()
+    if accept_errors:
+        send.close()
+        raise accept_errors[0]
+    return send, accepted[0]
+
+
+# --------------------------------------------------------------------------- header
+# magic, call, bytes, elements, dtype name; padded to 64 bytes so the data after
+# it keeps the arrays' cache-line alignment in the stream (the kernel copies faster)
+_HEADER = struct.Struct("!4sQQQ16s20x")
+_MAGIC = b"KRc1"
+HEADER_SIZE = _HEADER.size
+
+
+def header(call: int, dtype, elements: int) -> bytes:
+    """The header of call number `call` summing `elements` values of `dtype`."""
+    dtype = np.dtype(dtype)
+    name = dtype.name.encode()[:16]
+    return _HEADER.pack(_MAGIC, call, elements * dtype.itemsize, elements, name)
+
+
+def describe(frame: bytes) -> str:
+    """A header as `call 3: float32[10] (40 bytes)`; or what it is not."""
+    magic, call, size, elements, name = _HEADER.unpack(frame)
+    if magic != _MAGIC:
+        return f"bytes that are not a ring header ({frame[:16]!r}...)"
+    name = name.rstrip(b"\0").decode(errors="replace")
+    return f"call {call}: {name}[{elements}] ({size} bytes)"
+
+
+def check_header(received: bytes, expected: bytes, rank: int, left: int) -> None:
+    """Raises `FrameMismatch` naming both sides if the two headers differ."""
+    if received == expected:
+        return
+    raise FrameMismatch(
+        f"the buffers differ between workers: worker {left} sent "
+        f"{describe(received)}, worker {rank} has {describe(expected)}. Every "
+        "worker must sum the same tensors in the same order (e.g. the same "
+        "trainable variables, built the same way on every worker)"
+    )
+
+
+# ------------------------------------------------------------------ deadline-bound I/O
+def _remaining(deadline) -> float | None:
+    """Seconds left before `deadline` (None: no deadline); times out if none."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    return left
+
+
+def _advance(buffers, count):
+    """Drops the first `count` bytes of a list of memoryviews."""
+    while buffers and count >= len(buffers[0]):
+        count -= len(buffers[0])
+        buffers = buffers[1:]
+    if buffers and count:
+        buffers = [buffers[0][count:], *buffers[1:]]
+    return buffers
+
+
+def send_all(sock, buffers, deadline) -> None:
+    """Sends every byte of `buffers` (scatter-gather) before `deadline`."""
+    buffers = [b for b in buffers if len(b)]
+    while buffers:
+        sock.settimeout(_remaining(deadline))
+        buffers = _advance(buffers, sock.sendmsg(buffers[:_MAX_IOV]))
+
+
+def receive_into(sock, buffers, deadline) -> None:
+    """Fills every byte of the writable `buffers` before `deadline`."""
+    buffers = [b for b in buffers if len(b)]
+    while buffers:
+        sock.settimeout(_remaining(deadline))
+        count = sock.recvmsg_into(buffers[:_MAX_IOV])[0]
+        if count == 0:
+            raise ConnectionError("the connection was closed")
+        buffers = _advance(buffers, count)
+
+
+def receive_exact(sock, size: int, deadline) -> bytes:
+    """The next `size` bytes from `sock`, before `deadline`."""
+    data = bytearray(size)
+    receive_into(sock, [memoryview(data)], deadline)
+    return bytes(data)
+
+
+_MAX_IOV = 512  # below Linux's IOV_MAX (1024)

@@ -1,0 +1,126 @@
+"""`SocketRing.connect` among worker threads: the secret, strangers at the ring port.
+
+The strategy's all-reduce (`_share`) is played by the threads themselves, and each
+worker listens on 127.0.0.1; the rest of `connect` (the secret, the handshake, the
+accept loop) is the real one.
+"""
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from keras_replicator.communication import _ring_frames, _socket_ring
+
+
+class _Exchange:
+    """The workers' shared-table all-reduce; `hook(table)` runs after the first."""
+
+    def __init__(self, size, hook=None):
+        self.size = size
+        self.rows = [None] * size
+        self.barrier = threading.Barrier(size, timeout=20)
+        self.hook = hook
+        self.calls = 0
+
+    def share(self, rank, row):
+        self.rows[rank] = row
+        self.barrier.wait()
+        table = np.array(self.rows, np.float32)
+        if rank == 0:
+            self.calls += 1
+            if self.hook is not None and self.calls == 1:
+                self.hook(table)  # before any worker connects
+        self.barrier.wait()
+        return table, rank
+
+
+class _Worker:
+    def __init__(self, exchange, rank):
+        self.exchange = exchange
+        self.rank = rank
+        self.num_replicas_in_sync = exchange.size
+
+
+def _listen(strategy):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    return server, [127.0, 0.0, 0.0, 1.0, float(server.getsockname()[1])], None
+
+
+@pytest.fixture
+def threads_as_workers(monkeypatch):
+    monkeypatch.setattr(
+        _socket_ring, "_share", lambda s, row: s.exchange.share(s.rank, row)
+    )
+    monkeypatch.setattr(_socket_ring, "_listen", _listen)
+
+
+def _connect_and_sum(size, hook=None, timeout=3.0):
+    exchange = _Exchange(size, hook)
+    inputs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(size)]
+    results, errors = [None] * size, []
+
+    def work(rank):
+        try:
+            ring = _socket_ring.SocketRing.connect(
+                _Worker(exchange, rank), timeout=timeout
+            )
+            results[rank] = ring.all_reduce(inputs[rank])[0]
+        except Exception as error:  # noqa: BLE001 - checked by the test
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=work, args=(r,), daemon=True) for r in range(size)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert not any(t.is_alive() for t in threads), "connect or a ring call hung"
+    assert not errors, errors
+    expected = sum(inputs)
+    for result in results:
+        np.testing.assert_array_equal(result, expected)
+
+
+def test_the_ring_opens_with_the_secret_it_agreed(threads_as_workers):
+    _connect_and_sum(3)
+
+
+def _stranger(table, rank, kind, seen):
+    """Connects to worker `rank`'s ring port first, as an attacker would."""
+    port = int(table[rank][4])
+    stranger = socket.create_connection(("127.0.0.1", port), timeout=10)
+    seen["socket"] = stranger
+
+    def act():
+        try:
+            if kind == "sends gradients":  # 1e6 added to every element before
+                stranger.sendall(np.full(4000, 1e6, np.float32).tobytes())
+            while stranger.recv(64):  # the greeting, then the close
+                pass
+            seen["closed"] = True
+        except OSError:
+            seen["closed"] = True  # reset: its bytes were left unread
+
+    seen["thread"] = threading.Thread(target=act, daemon=True)
+    seen["thread"].start()
+
+
+@pytest.mark.parametrize("kind", ["sends gradients", "stays silent"])
+def test_a_stranger_at_the_ring_port_is_refused_and_the_ring_opens(
+    threads_as_workers, monkeypatch, kind
+):
+    monkeypatch.setattr(_ring_frames, "HANDSHAKE_TIMEOUT", 0.3)
+    seen = {}
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match="refused a connection"):
+        _connect_and_sum(3, lambda table: _stranger(table, 1, kind, seen))
+    assert time.monotonic() - start < 5
+    seen["thread"].join(5)
+    assert seen.get("closed"), "the stranger's connection was left open"
+    seen["socket"].close()

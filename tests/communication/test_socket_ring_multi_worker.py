@@ -1,0 +1,53 @@
+"""The socket ring's checks in real worker processes on 127.0.0.1 (issue 22)."""
+
+import sys
+import textwrap
+import time
+
+import pytest
+
+from keras_replicator.launch import run_workers
+
+pytestmark = pytest.mark.multi_worker
+
+MISMATCH = textwrap.dedent(
+    """
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import keras, numpy as np
+    import keras_replicator as kr
+    strategy = kr.MultiWorkerReplicator(collective_timeout=60)
+    print("TRANSPORT", strategy.all_reduce_options.transport, flush=True)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)]
+        )
+        if os.environ["KERAS_REPLICATOR_WORKER_INDEX"] == "1":
+            model.layers[0].trainable = False  # a rank-dependent bug
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    x, y = np.ones((64, 4), np.float32), np.ones((64, 2), np.float32)
+    try:
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        print("FINISHED", flush=True)
+    except Exception as error:
+        message = " ".join(str(error).split())
+        print("ERROR", message[message.find("Socket all-reduce"):][:400], flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_workers_whose_gradients_differ_both_fail_at_once_naming_both():
+    start = time.monotonic()
+    result = run_workers([sys.executable, "-c", MISMATCH], 2, timeout=180, echo=False)
+    assert not result.timed_out, "a worker hung instead of failing"
+    assert time.monotonic() - start < 50  # well before the 60 s collective timeout
+    for worker in result.workers:
+        assert "TRANSPORT socket" in worker.output, worker.output[-2000:]
+        assert "FINISHED" not in worker.output
+        line = next(
+            (s for s in worker.output.splitlines() if s.startswith("ERROR")), ""
+        )
+        assert "the buffers differ between workers" in line, worker.output[-2000:]
+        # 58 and 18 gradient values, plus the sample count that rides with them
+        assert "float32[59]" in line and "float32[19]" in line, line
