@@ -73,3 +73,42 @@ def test_every_patch_module_checks_its_upstream():
     package = pathlib.Path(_compat.__file__).parent
     modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")}
     assert modules == names
+
+
+def _applies_per_variable(self, grads, trainable_variables):
+    for grad, variable in zip(grads, trainable_variables):
+        self.update_step(grad, variable, self.learning_rate)
+
+
+def _renamed_argument(self, grads, variables, learning_rate):
+    return None
+
+
+@pytest.mark.parametrize(
+    "owner,name,replacement,reported",
+    [
+        (
+            "base",
+            "_backend_apply_gradients",
+            _applies_per_variable,
+            "BaseOptimizer._backend_apply_gradients",
+        ),
+        (
+            "tf",
+            "_backend_update_step",
+            _renamed_argument,
+            "Optimizer._backend_update_step",
+        ),
+    ],
+)
+def test_the_whole_list_update_hook_check_can_fail(
+    monkeypatch, owner, name, replacement, reported
+):
+    # `optimizers/_whole_list.py` overrides `_backend_update_step`: if Keras stops
+    # calling it (or changes its arguments), the override silently stops running.
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer
+    from keras.src.optimizers import base_optimizer
+
+    classes = {"base": base_optimizer.BaseOptimizer, "tf": tf_optimizer.TFOptimizer}
+    monkeypatch.setattr(classes[owner], name, replacement)
+    assert reported in _compat.optimizer.check_upstream()

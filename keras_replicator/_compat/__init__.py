@@ -40,8 +40,10 @@ from keras_replicator._compat._patching import install_lock
 from keras_replicator._compat.layers import register_batch_norm_moments_hook
 from keras_replicator._compat.optimizer import optimizer_variable_index
 from keras_replicator._compat.parameter_server import (
+    closure_queue_state,
     install_parameter_server,
     rescheduled_closures,
+    stop_coordinator,
     symbolic_build,
 )
 from keras_replicator._compat.saving import WORKER_FILES_DIGESTS
@@ -99,6 +101,7 @@ __all__ = [
     "UPSTREAM_DIGESTS",
     "WORKER_FILES_DIGESTS",
     "check_upstream",
+    "closure_queue_state",
     "in_keras_symbolic_build",
     "in_multi_worker_mode",
     "initial_epoch_of",
@@ -112,5 +115,6 @@ __all__ = [
     "register_batch_norm_moments_hook",
     "rescheduled_closures",
     "set_initial_epoch",
+    "stop_coordinator",
     "symbolic_build",
 ]

@@ -1,10 +1,19 @@
 """Keras' optimizer and loss internals: loss scaling, the gradient all-reduce, lazy
 build. Each patch below says why no public hook serves (`keras_integration/` answers).
+
+Also the internals `optimizers/_whole_list.py` (Neumann, NLCG) reads to update every
+variable at once: Keras' per-step hook `_backend_update_step` (overridden there, so
+`check_upstream` verifies Keras still calls it), the optimizer's strategy and variable
+list, its gradient all-reduce and TF's `maybe_merge_call`. No upstream issue asks
+for a public whole-list update; Keras' own `Nadam` overrides the same hook.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import keras
+import tensorflow as tf
 from keras.src.backend.tensorflow import optimizer as _tf_optimizer
 from keras.src.losses import loss as _loss_module
 from keras.src.optimizers import base_optimizer as _base_optimizer
@@ -20,7 +29,13 @@ DIGESTS = {
     "BaseOptimizer.scale_loss": "65f5300733dfc146",
     "BaseOptimizer.apply": "43097be63b919d03",
     "LossScaleOptimizer.apply": "1cc61fb4c21edb7a",
+    # Overridden, not patched, by `optimizers/_whole_list.py`, which mirrors its
+    # steps (all-reduce, then one merge_call): a change here must be mirrored there.
+    "TFOptimizer._backend_update_step": "00bd759c099a6b72",
 }
+
+#: The private Keras method `optimizers/_whole_list.py` overrides (checked below).
+UPDATE_STEP_HOOK = "_backend_update_step"
 
 
 def _upstream_objects():
@@ -39,14 +54,54 @@ def _upstream_objects():
         "LossScaleOptimizer.apply": unpatched(
             _loss_scale_optimizer.LossScaleOptimizer.apply
         ),
+        "TFOptimizer._backend_update_step": (
+            _tf_optimizer.TFOptimizer._backend_update_step
+        ),
     }
 
 
 def check_upstream() -> dict[str, str]:
     """{name: what changed} for the optimizer internals replaced or read here."""
     changed = changed_digests(DIGESTS, _upstream_objects())
-    if not callable(getattr(keras.optimizers.Optimizer, "_get_variable_index", None)):
-        changed["Optimizer._get_variable_index"] = "missing"
+    optimizer = keras.optimizers.Optimizer
+    for name in ("_get_variable_index", UPDATE_STEP_HOOK, "_all_reduce_sum_gradients"):
+        if not callable(getattr(optimizer, name, None)):
+            changed[f"Optimizer.{name}"] = "missing"
+    changed.update(_check_update_step_hook(optimizer))
+    interim = getattr(tf.__internal__.distribute, "interim", None)
+    if not callable(getattr(interim, "maybe_merge_call", None)):
+        changed["tf.__internal__.distribute.interim.maybe_merge_call"] = "missing"
+    init = inspect.getsource(_tf_optimizer.TFOptimizer.__init__)
+    if "self._distribution_strategy = tf.distribute.get_strategy()" not in init:
+        changed["TFOptimizer.__init__"] = "no longer sets `_distribution_strategy`"
+    build = inspect.getsource(_base_optimizer.BaseOptimizer.build)
+    if "self._trainable_variables = variables[:]" not in build:
+        changed["BaseOptimizer.build"] = "no longer sets `_trainable_variables`"
+    return changed
+
+
+def _check_update_step_hook(optimizer) -> dict[str, str]:
+    # `apply` -> `_backend_apply_gradients` -> `self._backend_update_step(grads,
+    # trainable_variables, learning_rate)`, once per update, in the replica context,
+    # after clipping, weight decay, gradient accumulation and loss-scale unscaling.
+    changed = {}
+    apply = inspect.getsource(unpatched(optimizer.apply))
+    if "self._backend_apply_gradients(grads, trainable_variables)" not in apply:
+        changed["BaseOptimizer.apply"] = "no longer calls _backend_apply_gradients"
+    apply_gradients = inspect.getsource(optimizer._backend_apply_gradients)
+    calls = apply_gradients.count(f"self.{UPDATE_STEP_HOOK}(")
+    if calls != 2 or "grads, trainable_variables, self.learning_rate" not in (
+        apply_gradients
+    ):
+        changed["BaseOptimizer._backend_apply_gradients"] = (
+            f"no longer calls self.{UPDATE_STEP_HOOK}(grads, trainable_variables, "
+            f"self.learning_rate) on both paths (found {calls} calls)"
+        )
+    hook = getattr(optimizer, UPDATE_STEP_HOOK, None)
+    if callable(hook):
+        parameters = list(inspect.signature(hook).parameters)
+        if parameters != ["self", "grads", "trainable_variables", "learning_rate"]:
+            changed[f"Optimizer.{UPDATE_STEP_HOOK}"] = f"signature is {parameters}"
     return changed
 
 
@@ -66,6 +121,50 @@ def optimizer_variable_index(optimizer, variable) -> int:
     subclassing guide uses it; there is no public name for it.
     """
     return optimizer._get_variable_index(variable)
+
+
+def optimizer_strategy(optimizer) -> tf.distribute.Strategy:
+    """The strategy a Keras (TF backend) optimizer was created under.
+
+    `TFOptimizer.__init__` stores `tf.distribute.get_strategy()` as
+    `_distribution_strategy` and routes its own updates through it; an optimizer
+    moving weights outside a step (Neumann's true weights) must use the same one,
+    which the scope at call time need not be. No public attribute exposes it.
+    """
+    return optimizer._distribution_strategy
+
+
+def trainable_variables_of(optimizer) -> list:
+    """The model variables `optimizer` was built with, in build order.
+
+    `BaseOptimizer.build` keeps them as `_trainable_variables` (what `apply` uses
+    when no variables are passed); Keras has no public name for the list.
+    """
+    return list(optimizer._trainable_variables)
+
+
+def reduced_gradients(optimizer, grads, variables) -> list:
+    """`grads` all-reduced over replicas exactly as Keras' TF optimizer does it.
+
+    `TFOptimizer._all_reduce_sum_gradients` is the reduction every Keras optimizer's
+    update goes through (replaced under our strategies by `_patch_gradient_all_reduce`
+    with the sample-weighted mean): a whole-list update must reduce the same way.
+    `variables` are the raw `tf.Variable`s; `None` gradients stay `None`.
+    """
+    pairs = optimizer._all_reduce_sum_gradients(list(zip(grads, variables)))
+    return [gradient for gradient, _ in pairs]
+
+
+def merge_call_if_needed(fn, strategy, *args, **kwargs):
+    """Calls `fn(strategy, *args)` in the cross-replica context (a `merge_call`).
+
+    TF's `tf.__internal__.distribute.interim.maybe_merge_call` is what Keras' TF
+    optimizer uses to assign per device (and skips the merge under strategies that
+    support no-merge-call updates); `tf.distribute` has no public equivalent.
+    """
+    return tf.__internal__.distribute.interim.maybe_merge_call(
+        fn, strategy, *args, **kwargs
+    )
 
 
 def _patch_loss_scaling(hooks):

@@ -87,4 +87,45 @@ def check_upstream() -> dict[str, str]:
         changed["_CoordinatedClosureQueue.put_back"] = "missing"
     elif "put_back(closure)" not in inspect.getsource(cluster_coordinator.Worker):
         changed["Worker put_back"] = "failed closures no longer put back"
+    changed.update(check_coordinator_internals())
+    return changed
+
+
+def closure_queue_state(coordinator):
+    """(queued, in flight) closures of a `ClusterCoordinator`, or None.
+
+    How the chief tells a hung task from a long epoch (`parameter_server/_faults`):
+    progress is a change of these counts. `ClusterCoordinator` exposes only
+    `done()` and `join()`, which cannot say whether anything moved.
+    """
+    try:
+        closures = coordinator._cluster.closure_queue
+        return (closures._queue.qsize(), closures._inflight_closure_count)
+    except AttributeError:
+        return None
+
+
+def stop_coordinator(coordinator) -> None:
+    """Cancels a coordinator's closures (no public API does; `join` would wait)."""
+    coordinator._cluster.stop()
+
+
+def check_coordinator_internals() -> dict[str, str]:
+    """The coordinator internals `closure_queue_state` / `stop_coordinator` read."""
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    changed = {}
+    cluster_source = inspect.getsource(cluster_coordinator.Cluster)
+    if "self.closure_queue = " not in cluster_source:
+        changed["Cluster.closure_queue"] = "attribute renamed"
+    if not callable(getattr(cluster_coordinator.Cluster, "stop", None)):
+        changed["Cluster.stop"] = "missing"
+    queue_source = inspect.getsource(cluster_coordinator._CoordinatedClosureQueue)
+    for name in ("self._queue = ", "self._inflight_closure_count = "):
+        if name not in queue_source:
+            changed[f"_CoordinatedClosureQueue.{name[5:-3]}"] = "attribute renamed"
+    if "self._cluster = " not in inspect.getsource(
+        cluster_coordinator.ClusterCoordinator
+    ):
+        changed["ClusterCoordinator._cluster"] = "attribute renamed"
     return changed

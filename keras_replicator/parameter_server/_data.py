@@ -5,6 +5,14 @@ create_per_worker_dataset`), repeated so that no worker runs dry mid-epoch: an
 epoch is `steps_per_epoch` steps in total over all workers, as in `tf_keras`.
 Each worker shuffles on its own (unseeded), so the workers see different orders.
 
+A `tf.data.Dataset` made on the chief is handed to the coordinator *as a
+dataset*, not captured by a function: the coordinator serializes its graph and
+rebuilds it on every worker. A function that closes over the dataset would
+capture its variant tensor, which lives on the chief and cannot be sent to a
+worker ("Unable to parse tensor proto"). The graph must be self-contained:
+`from_generator` / `py_function` datasets call Python on the chief, so they
+need a dataset function instead.
+
 Evaluation and prediction input is batched on the chief and each batch is sent
 to a free worker as an argument: every example is used exactly once and
 predictions come back in order, which a per-worker pipeline cannot promise.
@@ -28,9 +36,13 @@ DEFAULT_BATCH_SIZE = 32
 
 @dataclasses.dataclass(frozen=True)
 class TrainingInput:
-    """A per-worker dataset function, the epoch length and one batch to build from."""
+    """What each worker reads, the epoch length and one batch to build from.
 
-    per_worker_fn: Callable
+    `per_worker` is what `create_per_worker_dataset` takes: a dataset function,
+    or a `tf.data.Dataset` the coordinator serializes and rebuilds per worker.
+    """
+
+    per_worker: Callable | tf.data.Dataset
     steps_per_epoch: int
     sample_batch: object
 
@@ -65,8 +77,7 @@ def training_input(
         _no_targets("a `tf.data.Dataset`", y, sample_weight)
         known = int(x.cardinality())
         steps = _steps(steps_per_epoch, known if known > 0 else None, "this dataset")
-        repeated = x.repeat()
-        return TrainingInput(lambda: repeated, steps, _first(x))
+        return TrainingInput(x.repeat(), steps, _first(x))
     data = _arrays(x, y, sample_weight)
     batch_size = batch_size or DEFAULT_BATCH_SIZE
     count = len(tree.flatten(data)[0])

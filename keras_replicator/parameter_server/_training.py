@@ -63,7 +63,7 @@ def fit(
     _build(model, strategy, data.sample_batch)
     coordinator = strategy.coordinator
     iterator = _faults.call(
-        lambda: iter(coordinator.create_per_worker_dataset(data.per_worker_fn))
+        lambda: iter(coordinator.create_per_worker_dataset(data.per_worker))
     )
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
     verbose = 1 if verbose == "auto" else verbose
@@ -93,7 +93,7 @@ def fit(
             _faults.call(coordinator.schedule, function, args=(iterator,))
             step += count
             callback_list.on_train_batch_end(step - 1, {})
-        _faults.call(coordinator.join)
+        _faults.wait(strategy, f"epoch {epoch + 1} of fit")
         logs = _read_logs(model)
         lost = faults.lost_steps()
         if lost:
@@ -155,6 +155,7 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
         _faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
         for batch in _data.chief_batches(x, None, None, batch_size, steps)
     ]
+    _faults.wait(strategy, "predict")
     outputs = [_faults.call(value.fetch) for value in remote]
     if not outputs:
         raise ValueError("`x` is empty: there is nothing to predict.")
@@ -168,11 +169,11 @@ def _evaluate_logs(model, x, y, sample_weight, batch_size, steps):
     if callable(x) and not isinstance(x, tf.data.Dataset):
         data = _data.training_input(strategy, x, y, sample_weight, None, steps)
         _build(model, strategy, data.sample_batch)
-        iterator = iter(coordinator.create_per_worker_dataset(data.per_worker_fn))
+        iterator = iter(coordinator.create_per_worker_dataset(data.per_worker))
         function = _test_function(model, strategy)
         for _ in range(data.steps_per_epoch):
             _faults.call(coordinator.schedule, function, args=(iterator,))
-        _faults.call(coordinator.join)
+        _faults.wait(strategy, "evaluate")
         return _read_logs(model)
     batches = list(_data.chief_batches(x, y, sample_weight, batch_size, steps))
     if not batches:
@@ -183,6 +184,7 @@ def _evaluate_logs(model, x, y, sample_weight, batch_size, steps):
         _faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
         for batch in batches
     ]
+    _faults.wait(strategy, "evaluate")
     update = _update_function(model)
     for batch, value in zip(batches, remote):
         inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(batch)
@@ -201,6 +203,22 @@ def _build(model, strategy, sample_batch) -> None:
     if optimizer is not None and not optimizer.built:
         with strategy.scope():
             optimizer.build(model.trainable_variables)
+    if optimizer is not None:
+        _atomic_increments(optimizer.iterations)
+
+
+def _atomic_increments(variable) -> None:
+    """Makes `variable.assign_add` one atomic op on its parameter server.
+
+    Keras' `Variable.assign_add` is `assign(self + value)`: a read then a write.
+    Workers stepping at once lose each other's increments, so
+    `optimizer.iterations` undercounted (61 of the PS tutorial's 100 steps);
+    the TF variable's own `assign_add` is an `AssignAddVariableOp` on the ps.
+    """
+    if getattr(variable, "_kr_atomic", False):
+        return
+    variable.assign_add = lambda value: variable.value.assign_add(value)
+    variable._kr_atomic = True
 
 
 def _read_logs(model) -> dict:

@@ -261,8 +261,10 @@ def test_replicas_train_as_one_device(num_replicas):
 
     one_weights, one_loss, one_ratios = train(tf.distribute.get_strategy())
     weights, loss, ratios = train(kr.MultiDeviceReplicator(num_replicas=num_replicas))
+    # float32 with trust ratios that amplify rounding: 4 replicas differed by
+    # 1.24e-5 on one machine (oneDNN picks its kernels by CPU), passing on others.
     for a, b in zip(one_weights, weights):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        np.testing.assert_allclose(a, b, atol=5e-5)
     np.testing.assert_allclose(one_loss, loss, atol=1e-5)
     np.testing.assert_allclose(
         list(one_ratios.values()), list(ratios.values()), rtol=1e-4
@@ -408,6 +410,12 @@ def test_jit_compiled_training_matches_eager_graph_training():
 def test_package_exports():
     from keras_replicator import optimizers
 
-    assert optimizers.__all__ == ["LARS"]
+    assert optimizers.__all__ == [
+        "LARS",
+        "NLCG",
+        "Neumann",
+        "UseTrueWeights",
+        "observe_loss",
+    ]
     for name in optimizers.__all__:
         assert getattr(optimizers, name) is not None

@@ -3,8 +3,10 @@
 Same script on every task (`keras-replicator launch -n 2 --ps 1`): on workers and
 parameter servers `kr.auto()` serves and blocks. On the chief it trains the same
 model on one device and then asynchronously, and prints one JSON line.
-Environment: KR_TEST_EPOCHS, KR_TEST_KILL ("worker 1:2" = the chief SIGKILLs that
-task at step 10 of epoch 2, mid-epoch, by the pid file it wrote),
+Environment: KR_TEST_EPOCHS, KR_TEST_INPUT ("arrays", the default, or "dataset":
+fit / evaluate / predict on `tf.data.Dataset`s made on the chief), KR_TEST_KILL
+("worker 1:2" = the chief SIGKILLs that task at step 10 of epoch 2, mid-epoch, by
+the pid file it wrote), KR_TEST_STOP (the same, with SIGSTOP: a hung task),
 KR_TEST_CHECKPOINT (a ModelCheckpoint path).
 """
 
@@ -15,6 +17,7 @@ import sys
 
 import keras
 import numpy as np
+import tensorflow as tf
 from sklearn.datasets import load_digits
 
 import keras_replicator as kr
@@ -69,8 +72,9 @@ callbacks = []
 class KillTask(keras.callbacks.Callback):
     """SIGKILLs a worker or ps mid-epoch, while steps are in flight."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, signal_number=signal.SIGKILL):
         super().__init__()
+        self.signal_number = signal_number
         name, epoch = spec.split(":")
         self.pid_file = name.replace(" ", "") + ".pid"
         self.kill_epoch = int(epoch)
@@ -82,29 +86,40 @@ class KillTask(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self.epoch == self.kill_epoch and batch == 10:
             with open(self.pid_file) as pid_file:
-                os.kill(int(pid_file.read()), signal.SIGKILL)
-            print(f"killed {self.pid_file}", flush=True)
+                os.kill(int(pid_file.read()), self.signal_number)
+            print(f"sent {self.signal_number!r} to {self.pid_file}", flush=True)
 
 
 if os.environ.get("KR_TEST_KILL"):
     callbacks.append(KillTask(os.environ["KR_TEST_KILL"]))
+if os.environ.get("KR_TEST_STOP"):
+    callbacks.append(KillTask(os.environ["KR_TEST_STOP"], signal.SIGSTOP))
 if os.environ.get("KR_TEST_CHECKPOINT"):
     callbacks.append(
         keras.callbacks.ModelCheckpoint(
             os.environ["KR_TEST_CHECKPOINT"], save_weights_only=True
         )
     )
+if os.environ.get("KR_TEST_INPUT", "arrays") == "dataset":
+    train = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+    train = train.shuffle(len(x_train)).batch(32)
+    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(32)
+    fit_data = {"x": train, "validation_data": test}
+    evaluate_data = {"x": test}
+    predict_data = tf.data.Dataset.from_tensor_slices(x_test).batch(32)
+else:
+    fit_data = {"x": x_train, "y": y_train, "validation_data": (x_test, y_test)}
+    evaluate_data = {"x": x_test, "y": y_test}
+    predict_data = x_test
 history = model.fit(
-    x_train,
-    y_train,
-    batch_size=32,
+    **fit_data,
+    batch_size=None if "y" not in fit_data else 32,
     epochs=epochs,
-    validation_data=(x_test, y_test),
     callbacks=callbacks,
     verbose=2,
 )
-loss, accuracy = model.evaluate(x_test, y_test)
-predicted = model.predict(x_test)
+loss, accuracy = model.evaluate(**evaluate_data)
+predicted = model.predict(predict_data)
 print(
     "RESULT "
     + json.dumps(

@@ -2,16 +2,26 @@
 
 A worker SIGKILLed mid-training: the chief finishes, counts the lost steps, and the
 launcher restarts the worker to rejoin. A parameter server SIGKILLed: the chief
-fails with a clear error, and the checkpoint written before is intact.
+fails with a clear error, and the checkpoint written before is intact. A worker or
+ps SIGSTOPped (hung): the chief fails within KERAS_REPLICATOR_PS_TIMEOUT plus the
+probe, naming the task, and exits; nothing is left running. The probe and the
+timeout setting are also tested without TensorFlow processes (fast).
 """
+
+import os
+import signal
+import socket
+import threading
+import time
+import types
 
 import pytest
 
+from keras_replicator.parameter_server import _faults
 from tests.parameter_server.test_training import result_of, run_job
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_killed_worker_is_rescheduled_around_and_rejoins(tmp_path):
     result = run_job(
@@ -33,6 +43,7 @@ def test_a_killed_worker_is_rescheduled_around_and_rejoins(tmp_path):
     assert numbers["accuracy"] > 0.9, numbers
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_killed_parameter_server_fails_the_job_clearly(tmp_path):
     checkpoint = tmp_path / "last.weights.h5"
@@ -56,3 +67,103 @@ def test_a_killed_parameter_server_fails_the_job_clearly(tmp_path):
 
     with h5py.File(checkpoint, "r") as weights:
         assert len(weights.keys()) > 0
+
+
+def _stop_task(tmp_path, task):
+    """Runs the digits job with `task` SIGSTOPped mid-epoch 2; cleans up after."""
+    started = time.monotonic()
+    try:
+        result = run_job(
+            tmp_path,
+            env={
+                "KR_TEST_EPOCHS": "4",
+                "KR_TEST_STOP": f"{task}:1",
+                "KR_TEST_ONE_DEVICE": "0",
+                "KERAS_REPLICATOR_PS_TIMEOUT": "10",
+            },
+            timeout=150,
+        )
+    finally:
+        leftovers = []
+        for pid_file in tmp_path.glob("*.pid"):
+            pid = int(pid_file.read_text())
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+                leftovers.append(pid_file.stem)
+            except ProcessLookupError:
+                pass
+    return result, time.monotonic() - started, leftovers
+
+
+@pytest.mark.slow
+@pytest.mark.multi_worker
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("task", ["ps 0", "worker 1"])
+def test_a_hung_task_fails_the_chief_within_the_timeout(tmp_path, task):
+    result, seconds, leftovers = _stop_task(tmp_path, task)
+    assert not result.timed_out, result.describe_failure()
+    chief = result.workers[result.job_index]
+    assert chief.returncode == 1, result.describe_failure()
+    assert "TimeoutError: No scheduled step finished or started for 10 s" in (
+        chief.output
+    ), result.describe_failure()
+    assert f": {task} does not respond" in chief.output, result.describe_failure()
+    # Start-up (~10 s) + epoch 1 + 10 s without progress + the probe (<= 6 s).
+    assert seconds < 90, seconds
+    assert leftovers == [], leftovers
+
+
+def _strategy_with(cluster):
+    resolver = types.SimpleNamespace(
+        cluster_spec=lambda: types.SimpleNamespace(as_dict=lambda: cluster)
+    )
+    return types.SimpleNamespace(_kr_resolver=resolver)
+
+
+def test_the_probe_names_silent_and_dead_tasks_and_not_live_ones():
+    def listener():
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        return server
+
+    silent, live, dead = listener(), listener(), listener()
+    dead_port = dead.getsockname()[1]
+    dead.close()
+    with silent, live:
+        # A "live" server answering anything, like gRPC's SETTINGS frame.
+        def answer():
+            connection, _ = live.accept()
+            with connection:
+                connection.recv(100)
+                connection.sendall(bytes(9))
+
+        threading.Thread(target=answer, daemon=True).start()
+        strategy = _strategy_with(
+            {
+                "worker": [f"127.0.0.1:{live.getsockname()[1]}"],
+                "ps": [
+                    f"127.0.0.1:{silent.getsockname()[1]}",
+                    f"127.0.0.1:{dead_port}",
+                ],
+            }
+        )
+        started = time.monotonic()
+        silent_tasks = _faults.unresponsive_tasks(strategy, seconds=1.0)
+    assert silent_tasks == ["ps 0", "ps 1"]
+    assert time.monotonic() - started < 3.0
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "soon", "nan"])
+def test_a_bad_timeout_setting_is_named(monkeypatch, raw):
+    monkeypatch.setenv("KERAS_REPLICATOR_PS_TIMEOUT", raw)
+    with pytest.raises(ValueError, match="KERAS_REPLICATOR_PS_TIMEOUT"):
+        _faults.timeout_seconds()
+
+
+def test_the_timeout_defaults_to_60_seconds(monkeypatch):
+    monkeypatch.delenv("KERAS_REPLICATOR_PS_TIMEOUT", raising=False)
+    assert _faults.timeout_seconds() == 60.0
+    monkeypatch.setenv("KERAS_REPLICATOR_PS_TIMEOUT", "2.5")
+    assert _faults.timeout_seconds() == 2.5

@@ -14,12 +14,12 @@ import pytest
 
 from keras_replicator.launch import launch
 
-JOB = str(Path(__file__).with_name("ps_digits_job.py"))
+JOB = Path(__file__).with_name("ps_digits_job.py")
 
 
 def run_job(tmp_path, *, num_ps=1, env=None, max_restarts=0, timeout=240):
     return launch(
-        [sys.executable, JOB],
+        [sys.executable, str(JOB)],
         2,
         num_ps=num_ps,
         env={"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
@@ -52,6 +52,46 @@ def test_fit_evaluate_predict_match_one_device_within_a_point(tmp_path):
     assert labels == ["chief", "worker 0", "worker 1", "ps 0"]
     # The serving tasks were stopped after the chief and exited 0.
     assert all(w.returncode == 0 for w in result.workers), result.describe_failure()
+
+
+@pytest.mark.multi_worker
+@pytest.mark.timeout(200)
+def test_fit_evaluate_predict_on_datasets_made_on_the_chief(tmp_path):
+    # A dataset captured by a per-worker function failed on every worker with
+    # "Failed copying input tensor ... Unable to parse tensor proto".
+    result = run_job(
+        tmp_path,
+        env={"KR_TEST_INPUT": "dataset", "KR_TEST_EPOCHS": "8"},
+        timeout=150,
+    )
+    assert result.ok, result.describe_failure()
+    numbers = result_of(result)
+    assert numbers["accuracy"] > 0.9, numbers
+    assert numbers["accuracy"] >= numbers["one_device_accuracy"] - 0.03, numbers
+    assert numbers["predict_rows"] == 397
+    assert numbers["predict_accuracy"] == pytest.approx(numbers["accuracy"], abs=1e-6)
+    assert numbers["val_accuracy"] == pytest.approx(numbers["accuracy"], abs=1e-6)
+
+
+@pytest.mark.multi_worker
+@pytest.mark.timeout(200)
+def test_the_tutorials_fit_runs_and_counts_every_scheduled_step(tmp_path):
+    # TF's PS tutorial: a dataset function, steps_per_execution=10, 5 x 20 steps.
+    # Every step ran (an atomic counter said 100), but `optimizer.iterations`
+    # said about 60: Keras' assign_add is a read then a write, lost in races.
+    result = launch(
+        [sys.executable, str(JOB.with_name("ps_count_job.py"))],
+        2,
+        num_ps=1,
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        timeout=150,
+        cwd=str(tmp_path),
+        echo=False,
+        grace_seconds=3.0,
+    )
+    assert result.ok, result.describe_failure()
+    numbers = result_of(result)
+    assert numbers == {"ran": 100, "iterations": 100, "batch_callbacks": 10}
 
 
 def test_subclasses_the_stock_strategy_and_is_exported():

@@ -1,0 +1,145 @@
+"""NLCG (Adya et al. 2018) in NumPy float64, from the class docstring's algorithm.
+
+Variables are concatenated into one vector, so every dot product is global by
+construction (the TensorFlow code sums per-variable products instead).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+BANDS = (
+    (0.15, 0.5, 0.9),
+    (0.125, 0.7, 0.7),
+    (0.10, 0.8, 0.5),
+    (0.075, 0.9, 0.3),
+    (0.05, 0.95, 0.2),
+    (0.025, 0.975, 0.1),
+    (0.01, 1.0, 0.1),
+)
+
+
+class NumpyNLCG:
+    def __init__(
+        self,
+        weights,
+        *,
+        lr,
+        beta_rule="fr",
+        preconditioner="diag_bfgs",
+        step_control=True,
+        lars_eta=None,
+        period=5,
+        threshold=1.0,
+        smoothing=0.7,
+        eps=1e-8,
+    ):
+        self.shapes = [np.shape(x) for x in weights]
+        self.w = self._flat(weights)
+        self.lr, self.rule, self.precond = lr, beta_rule, preconditioner
+        self.step_control, self.lars_eta = step_control, lars_eta
+        self.period, self.threshold, self.smoothing, self.eps = (
+            period,
+            threshold,
+            smoothing,
+            eps,
+        )
+        n = self.w.size
+        self.d = np.zeros(n)
+        self.g_prev = np.zeros(n)
+        self.z_prev = np.zeros(n)
+        self.b = np.ones(n)
+        self.rz = 0.0
+        self.prev_scale = 0.0
+        self.c = 1.0
+        self.ema = self.ema_old = 0.0
+        self.step = 0
+        self.bands = []  # (step, band index or "grow") of each check, for the tests
+        self.bfgs_updates = self.bfgs_skips = 0
+
+    @staticmethod
+    def _flat(arrays):
+        return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in arrays])
+
+    def weights(self):
+        out, start = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape))
+            out.append(self.w[start : start + size].reshape(shape))
+            start += size
+        return out
+
+    def apply(self, grads, loss=None):
+        lr = self.lr(self.step) if callable(self.lr) else self.lr
+        if self.lars_eta is not None:
+            scaled, ws = [], self.weights()
+            for g, w in zip(grads, ws):
+                g = np.asarray(g, np.float64)
+                wn, gn = np.linalg.norm(w), np.linalg.norm(g)
+                trust = self.lars_eta * wn / gn if wn > 0 and gn > 0 else 1.0
+                scaled.append(trust * g)
+            grads = scaled
+        g = self._flat(grads)
+        first = self.step == 0
+        r = -g
+        if self.precond == "diag_bfgs":
+            if first:
+                self.b = np.ones_like(g)
+            else:
+                s = self.prev_scale * self.d
+                y = g - self.g_prev
+                ys, bs = y @ s, self.b * s
+                sbs = s @ bs
+                if ys > self.eps and sbs > self.eps:
+                    self.b = np.abs(self.b - bs**2 / sbs + y**2 / ys)
+                    self.bfgs_updates += 1
+                else:
+                    self.bfgs_skips += 1
+            z = r / (self.b + self.eps)
+            self.g_prev = g
+        else:
+            z = r
+        rz = r @ z
+        if first or self.rz <= 0:
+            beta = 0.0
+        else:
+            numerator = rz - r @ self.z_prev if self.rule == "pr" else rz
+            beta = min(max(numerator / self.rz, 0.0), 1.0)
+        d = z + beta * self.d
+        share = 0.0
+        if self.step_control:
+            if first:
+                self.ema = self.ema_old = loss
+            else:
+                self.ema = self.smoothing * self.ema + (1 - self.smoothing) * loss
+                if self.step % self.period == 0:
+                    rise = (
+                        (self.ema - self.ema_old) / abs(self.ema_old)
+                        if self.ema_old != 0
+                        else 0.0
+                    )
+                    self.ema_old = self.ema
+                    if rise < BANDS[-1][0] * self.threshold:
+                        self.c = min(self.c * 1.05, 1.0)
+                        self.bands.append((self.step, "grow"))
+                    else:
+                        factor, share, band = 1.0, 0.0, "edge"
+                        for index, (above, f, p) in enumerate(BANDS):
+                            if rise > above * self.threshold:
+                                factor, share, band = f, p, index
+                                break
+                        self.c = max(self.c * factor, 1e-4)
+                        self.bands.append((self.step, band))
+        scale = lr * self.c
+        if share > 0:
+            update = (1 - share) * scale * d - share * self.prev_scale * self.d
+            if scale > 0:
+                d = update / scale
+        else:
+            update = scale * d
+        self.w = self.w + update
+        self.d, self.z_prev, self.rz, self.prev_scale = d, z, rz, scale
+        self.step += 1
+        return math.nan if loss is None else loss
