@@ -15,9 +15,17 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).parents[2] / "notebooks").glob("*.ipy
 @pytest.mark.notebook
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom(path):
+def test_notebook_runs_top_to_bottom(path, monkeypatch):
     import nbclient
     import nbformat
+
+    # TensorFlow's oneDNN Conv2D returns its input's shape for an empty batch
+    # (`tf.nn.conv2d(tf.zeros([0, 16, 16, 16]), w, 2, "SAME")` has shape
+    # [0, 16, 16, 16] where [0, 8, 8, 32] is right), on CPUs where oneDNN is on.
+    # The large-batch notebook's evaluation leaves one of 4 replicas empty (359
+    # test images, batch 512), and the next layer then fails on the shape. The
+    # kernels inherit this setting; README "Known limits" says what users do.
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
 
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
