@@ -1,4 +1,4 @@
-"""Argument checks shared by `Neumann` and `NLCG` (errors name the argument)."""
+"""Argument checks shared by the optimizers (errors name the argument)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ Two things differ from Keras' other optimizers on purpose:
 
 from __future__ import annotations
 
-import numbers
 import re
 from collections.abc import Sequence
 
@@ -31,6 +30,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_replicator import _compat
+from keras_replicator.optimizers._arguments import check_float, is_number
 
 #: Variables whose path ends in one of these get no weight decay and no trust ratio
 #: (biases and the scale / offset of batch and layer normalization), as in You et al.
@@ -131,15 +131,15 @@ class LARS(keras.optimizers.Optimizer):
         name: str | None = "lars",
         **kwargs,
     ):
-        if _is_number(learning_rate):
+        if is_number(learning_rate):
             learning_rate = float(learning_rate)
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
-        self.momentum = _check_range("momentum", momentum, 0.0, 1.0)
-        self.weight_decay_rate = _check_range(
+        self.momentum = check_float("momentum", momentum, 0.0, 1.0)
+        self.weight_decay_rate = check_float(
             "weight_decay", 0.0 if weight_decay is None else weight_decay, 0.0
         )
-        self.eeta = _check_range("eeta", eeta, 0.0, exclusive_low=True)
-        self.epsilon = _check_range("epsilon", epsilon, 0.0)
+        self.eeta = check_float("eeta", eeta, 0.0, exclusive_low=True)
+        self.epsilon = check_float("epsilon", epsilon, 0.0)
         if not isinstance(nesterov, bool):
             raise TypeError(
                 f"`nesterov` must be a bool. Received: nesterov={nesterov!r}. "
@@ -284,36 +284,6 @@ def _dense(gradient):
     if isinstance(gradient, tf.IndexedSlices):
         return tf.convert_to_tensor(gradient)
     return gradient
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _check_range(
-    name: str,
-    value,
-    low: float,
-    high: float | None = None,
-    *,
-    exclusive_low: bool = False,
-) -> float:
-    if not _is_number(value):
-        raise TypeError(
-            f"`{name}` must be a float. Received: {name}={value!r} "
-            f"(of type {type(value).__name__}). Pass a Python float."
-        )
-    value = float(value)
-    too_low = value <= low if exclusive_low else value < low
-    too_high = high is not None and value > high
-    if too_low or too_high or value != value:
-        bound = "> " if exclusive_low else ">= "
-        expected = f"{bound}{low}" + (f" and <= {high}" if high is not None else "")
-        raise ValueError(
-            f"`{name}` must be {expected}. Received: {name}={value}. "
-            "Pass a value in that range."
-        )
-    return value
 
 
 def _check_patterns(name: str, patterns) -> tuple[str, ...]:
