@@ -1,11 +1,17 @@
 """Keras 3 on `ParameterServerStrategy` (issue 14): fit / evaluate / predict routed
-to `parameter_server/`, and the coordinator's rescheduled closures counted.
+to `parameter_server/`, the coordinator's rescheduled closures counted, and Keras
+variables' `assign_add` / `assign_sub` made atomic on the parameter servers
+(issue 22).
 """
 
 from __future__ import annotations
 
 import inspect
 
+import tensorflow as tf
+from keras.src.backend.common import stateless_scope as _stateless_scope
+from keras.src.backend.common import variables as _common_variables
+from keras.src.backend.tensorflow import core as _tf_core
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 
 from keras_replicator._compat._patching import install_lock, replace, unpatched
@@ -24,7 +30,9 @@ def install_parameter_server(hooks) -> None:
     `Model.fit`). Only models whose strategy `hooks.routes(model)` accepts (a
     `ParameterServerReplicator`) are routed; everything else keeps stock Keras.
     Also counts closures the coordinator puts back after a worker failure
-    (`rescheduled_closures()`), which TF logs but does not expose.
+    (`rescheduled_closures()`), which TF logs but does not expose, and makes
+    Keras variables' increments atomic where `hooks.atomic_updates()` says so
+    (`install_atomic_updates`).
     """
     global _ps_installed
     with install_lock:
@@ -52,7 +60,66 @@ def install_parameter_server(hooks) -> None:
             return put_back
 
         replace(cluster_coordinator._CoordinatedClosureQueue, "put_back", count)
+        install_atomic_updates(hooks)
         _ps_installed = True
+
+
+def install_atomic_updates(hooks) -> None:
+    """Makes Keras' `Variable.assign_add` / `assign_sub` one op on the variable.
+
+    Keras 3's `assign_add(value)` is `assign(self + value)`: a read, then a write
+    (keras-team/keras `KerasVariable.assign_add`; tf_keras used the TF
+    variable's own op). Under parameter-server training several workers update
+    the same variable on a ps at once, and each loses the others' increments
+    made between its read and its write: `optimizer.iterations` and metric
+    counters (`Mean.count`, `Accuracy.total`) undercount (15-17 of 20 in TF's PS
+    tutorial). When `hooks.atomic_updates()` is true (the current strategy is a
+    `ParameterServerReplicator`) the update is the TF variable's own
+    `AssignAddVariableOp` / `AssignSubVariableOp`, which the ps applies
+    atomically. Everywhere else, and in a stateless scope, Keras' code runs.
+    """
+    for name in ("assign_add", "assign_sub"):
+
+        def make(original, name=name):
+            def update(self, value):
+                target = getattr(self, "_value", None)
+                if (
+                    target is None
+                    or _stateless_scope.in_stateless_scope()
+                    or not hooks.atomic_updates()
+                ):
+                    return original(self, value)
+                return getattr(target, name)(tf.cast(value, target.dtype))
+
+            return update
+
+        replace(_tf_core.Variable, name, make)
+
+    def check_created(original):
+        def initialize(self, value):
+            original(self, value)
+            hooks.check_variable(self, sharded_parts(self))
+
+        return initialize
+
+    replace(_tf_core.Variable, "_initialize", check_created)
+
+
+def sharded_parts(variable) -> int:
+    """How many parts a Keras variable's TF variable is split into (1: whole).
+
+    A `variable_partitioner` makes `ParameterServerStrategy` create a
+    `ShardedVariable` where Keras asked for a `tf.Variable`. Keras 3 cannot
+    train one: `GradientTape` reads the Keras variable's `handle`, which a
+    `ShardedVariable` does not have ("'ShardedVariable' object has no attribute
+    'handle'", stock Keras 3 too). The class is not public API.
+    """
+    from tensorflow.python.distribute import sharded_variable
+
+    value = getattr(variable, "_value", None)
+    if isinstance(value, sharded_variable.ShardedVariable):
+        return len(value.variables)
+    return 1
 
 
 def rescheduled_closures() -> int:
@@ -88,6 +155,26 @@ def check_upstream() -> dict[str, str]:
     elif "put_back(closure)" not in inspect.getsource(cluster_coordinator.Worker):
         changed["Worker put_back"] = "failed closures no longer put back"
     changed.update(check_coordinator_internals())
+    changed.update(check_variable_internals())
+    return changed
+
+
+def check_variable_internals() -> dict[str, str]:
+    """What `install_atomic_updates` relies on in Keras' TF variable."""
+    changed = {}
+    if "self._value = " not in inspect.getsource(_tf_core.Variable._initialize):
+        changed["tensorflow Variable._value"] = "attribute renamed"
+    for name in ("assign_add", "assign_sub"):
+        if not callable(getattr(_common_variables.Variable, name, None)):
+            changed[f"KerasVariable.{name}"] = "missing"
+    from tensorflow.python.distribute import sharded_variable
+
+    if not hasattr(sharded_variable, "ShardedVariable"):
+        changed["sharded_variable.ShardedVariable"] = "missing"
+    if "self._initialize(" not in inspect.getsource(_common_variables.Variable):
+        changed["KerasVariable._initialize"] = "no longer called"
+    if not callable(getattr(_stateless_scope, "in_stateless_scope", None)):
+        changed["stateless_scope.in_stateless_scope"] = "missing"
     return changed
 
 

@@ -4,10 +4,13 @@ The strategy class itself lives in `strategies/parameter_server.py`; this packag
 what it runs. One concept per module:
 
 - `_keras`: routes Keras 3 `fit` / `evaluate` / `predict` of PS models (through
-  `_compat.install_parameter_server`).
+  `_compat.install_parameter_server`), makes Keras variable increments atomic and
+  refuses sharded Keras variables.
 - `_training`: that `fit` / `evaluate` / `predict` loop on a `ClusterCoordinator`.
 - `_data`: inputs (arrays, datasets, dataset functions) as per-worker datasets.
-- `_faults`: lost steps and parameter-server errors.
+- `_faults`: lost steps, parameter-server errors and hung tasks.
+- `_retry`: forward passes of `evaluate` / `predict` rerun after a transient gRPC
+  error.
 - `_serving`: what `worker` and `ps` tasks run (serve until the job ends).
 - `_steps`: `distribute_input` / `run_steps` for the TF-Replicator form.
 - `_marker`: recognising the strategy without importing it.

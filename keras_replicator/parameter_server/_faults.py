@@ -153,18 +153,61 @@ def _cancel(coordinator) -> None:
     At exit, TensorFlow removes every traced function from every task's eager
     context, one RPC per task, with no deadline: with a hung task that waits
     forever, so the chief would hang after all. An `atexit` hook (run before
-    that teardown) flushes the output and ends the process with `os._exit`:
-    code 1 after an uncaught error (this `TimeoutError`), else 0.
+    that teardown) flushes the output and ends the process with `os._exit`.
+    `os._exit` needs the exit code, which Python does not tell `atexit` hooks,
+    so `sys.exit` is wrapped from here on to record it: a script that catches
+    this `TimeoutError` and calls `sys.exit(3)` exits with 3. An uncaught error
+    exits with 1, a normal end with 0 (a bare `raise SystemExit(3)` bypasses
+    the wrapper and also exits with 0).
     """
     _compat.stop_coordinator(coordinator)
-    atexit.register(_exit_without_teardown)
+    if not _exit_status:
+        _record_exit_status()
+        atexit.register(_exit_without_teardown)
+
+
+_exit_status: list = []
+
+
+def _record_exit_status() -> None:
+    original = sys.exit
+
+    def exit(status=None):
+        _exit_status[:] = [True, status]
+        original(status)
+
+    exit.__doc__ = original.__doc__
+    _exit_status[:] = [False, None]
+    sys.exit = exit
+
+
+def exit_code(status_recorded: bool, status, uncaught) -> int:
+    """The code Python would exit with (see `_cancel`).
+
+    Args:
+        status_recorded: Whether `sys.exit` was called.
+        status: Its argument.
+        uncaught: The uncaught exception that ended the program, or None.
+
+    Example:
+    >>> exit_code(True, 3, None)
+    3
+    """
+    if uncaught is not None and not isinstance(uncaught, SystemExit):
+        return 1
+    if not status_recorded or status is None:
+        return 0
+    if isinstance(status, int):
+        return int(status) & 0xFF
+    return 1  # sys.exit("message"): Python printed it; the code is 1.
 
 
 def _exit_without_teardown() -> None:
-    code = 1 if getattr(sys, "last_value", None) is not None else 0
+    recorded, status = _exit_status or (False, None)
+    code = exit_code(recorded, status, getattr(sys, "last_value", None))
     print(
         "keras_replicator: exiting without TensorFlow's teardown, which would wait "
-        "forever for the hung task.",
+        f"forever for the hung task (exit code {code}).",
         file=sys.stderr,
     )
     sys.stdout.flush()

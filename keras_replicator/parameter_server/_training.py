@@ -12,11 +12,14 @@ Keras' public pieces (`train_step`, `CallbackList`, `get_metrics_result`), as
 - Batch-level callbacks are called when a step is *scheduled*, with empty logs
   (reading the metrics would wait for the workers). Epoch logs are read from the
   metric variables on the parameter servers after `join`; several workers update
-  them concurrently, so training logs are approximate.
+  them concurrently, each increment atomic (`_compat.install_atomic_updates`), so
+  every step is counted, on the weights that step saw.
 - `evaluate` and `predict` send chief-side batches to the workers for the
   forward pass and update the metrics on the chief, in order: their numbers are
   exact for the weights they see. A dataset function is evaluated on the workers
   instead (approximate logs, `steps` required).
+- The forward passes of `evaluate` / `predict` only read the weights, so a
+  transient gRPC failure reruns them (`_retry`); training steps never are.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_replicator import _compat
-from keras_replicator.parameter_server import _data, _faults
+from keras_replicator.parameter_server import _data, _faults, _retry
 
 _functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -148,15 +151,13 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
             "which per-worker dataset functions cannot promise. Received: a "
             "function. Pass the dataset itself."
         )
-    strategy = model.distribute_strategy
-    coordinator = strategy.coordinator
-    forward = _forward_function(model)
-    remote = [
-        _faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
-        for batch in _data.chief_batches(x, None, None, batch_size, steps)
-    ]
-    _faults.wait(strategy, "predict")
-    outputs = [_faults.call(value.fetch) for value in remote]
+    batches = list(_data.chief_batches(x, None, None, batch_size, steps))
+    outputs = _retry.run_all(
+        model.distribute_strategy,
+        _forward_function(model),
+        [(_inputs_of(batch),) for batch in batches],
+        "predict",
+    )
     if not outputs:
         raise ValueError("`x` is empty: there is nothing to predict.")
     return tree.map_structure(lambda *parts: np.concatenate(parts), *outputs)
@@ -179,16 +180,16 @@ def _evaluate_logs(model, x, y, sample_weight, batch_size, steps):
     if not batches:
         raise ValueError("The evaluation data is empty: it must yield a batch.")
     _build(model, strategy, batches[0])
-    forward = _forward_function(model)
-    remote = [
-        _faults.call(coordinator.schedule, forward, args=(_inputs_of(batch),))
-        for batch in batches
-    ]
-    _faults.wait(strategy, "evaluate")
+    predictions = _retry.run_all(
+        strategy,
+        _forward_function(model),
+        [(_inputs_of(batch),) for batch in batches],
+        "evaluate",
+    )
     update = _update_function(model)
-    for batch, value in zip(batches, remote):
+    for batch, batch_predictions in zip(batches, predictions):
         inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(batch)
-        update(inputs, targets, weights, _faults.call(value.fetch))
+        update(inputs, targets, weights, batch_predictions)
     return _read_logs(model)
 
 
@@ -203,22 +204,6 @@ def _build(model, strategy, sample_batch) -> None:
     if optimizer is not None and not optimizer.built:
         with strategy.scope():
             optimizer.build(model.trainable_variables)
-    if optimizer is not None:
-        _atomic_increments(optimizer.iterations)
-
-
-def _atomic_increments(variable) -> None:
-    """Makes `variable.assign_add` one atomic op on its parameter server.
-
-    Keras' `Variable.assign_add` is `assign(self + value)`: a read then a write.
-    Workers stepping at once lose each other's increments, so
-    `optimizer.iterations` undercounted (61 of the PS tutorial's 100 steps);
-    the TF variable's own `assign_add` is an `AssignAddVariableOp` on the ps.
-    """
-    if getattr(variable, "_kr_atomic", False):
-        return
-    variable.assign_add = lambda value: variable.value.assign_add(value)
-    variable._kr_atomic = True
 
 
 def _read_logs(model) -> dict:

