@@ -112,3 +112,30 @@ def test_the_whole_list_update_hook_check_can_fail(
     classes = {"base": base_optimizer.BaseOptimizer, "tf": tf_optimizer.TFOptimizer}
     monkeypatch.setattr(classes[owner], name, replacement)
     assert reported in _compat.optimizer.check_upstream()
+
+
+def test_loss_hook_wraps_compute_loss_once_and_keeps_the_original():
+    from keras.src.trainers import trainer
+
+    from keras_replicator._compat import _patching
+    from keras_replicator.optimizers import NLCG
+
+    NLCG(0.1)
+    first = trainer.Trainer._compute_loss
+    NLCG(0.1)
+    assert _compat.loss_hook.installed()
+    assert trainer.Trainer._compute_loss is first
+    original = _patching.unpatched(first)
+    assert original is not first and original.__qualname__ == "Trainer._compute_loss"
+
+
+def test_the_loss_hook_check_can_fail(monkeypatch):
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    def train_step(self, data):  # a Keras that no longer asks `_compute_loss`
+        loss = self.compute_loss(y=data[1], y_pred=self(data[0]), training=True)
+        self.optimizer.apply_gradients([])
+        return loss
+
+    monkeypatch.setattr(tf_trainer.TensorFlowTrainer, "train_step", train_step)
+    assert "TensorFlowTrainer.train_step" in _compat.loss_hook.check_upstream()

@@ -17,6 +17,8 @@ Modules, by what they patch or read:
 - `trainer`: Keras' TF trainer (step functions, symbolic build, progress bar, epoch
   state).
 - `optimizer`: loss scaling, the gradient all-reduce, the optimizer's lazy build.
+- `loss_hook`: `fit`'s training loss handed to optimizers that use it (NLCG);
+  installed by `optimizers/_loss_aware.py`, under every strategy and on one device.
 - `data`: a distributed dataset's length across workers.
 - `saving`: Keras' own saving, ModelCheckpoint, BackupAndRestore, TensorBoard on
   several workers.
@@ -30,6 +32,7 @@ from __future__ import annotations
 from keras_replicator._compat import (
     data,
     layers,
+    loss_hook,
     optimizer,
     parameter_server,
     saving,
@@ -65,11 +68,21 @@ from keras_replicator._compat.trainer import (
 UPSTREAM_DIGESTS = {
     **trainer.DIGESTS,
     **optimizer.DIGESTS,
+    **loss_hook.DIGESTS,
     **saving.CHECKPOINT_DIGESTS,
 }
 
 _PATCHED = (trainer, optimizer, data, saving)
-_CHECKED = (trainer, optimizer, data, saving, parameter_server, strategy, layers)
+_CHECKED = (
+    trainer,
+    optimizer,
+    loss_hook,
+    data,
+    saving,
+    parameter_server,
+    strategy,
+    layers,
+)
 _installed = False
 
 

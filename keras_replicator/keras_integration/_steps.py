@@ -32,6 +32,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
+from keras_replicator import _compat
 from keras_replicator.keras_integration import (
     _global_metrics,
     _loop,
@@ -310,6 +311,8 @@ def _xla_train_step(model, loss_tracker):
         for index, value in zip(changed_state, new_values):
             state[index].assign(value)
         loss_tracker.update_state(loss, sample_weight=_sample_count.batch_size_of(x))
+        # The loss was computed inside XLA, where the fit-loss hook stays silent.
+        _compat.loss_hook.observe_training_loss(model, x, loss)
         model.optimizer.apply_gradients(zip(gradients, trainable))
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 

@@ -13,7 +13,8 @@ Design decisions:
 - **The loss.** Step control needs the training loss, which Keras optimizers never
   see. `set_loss(loss)` stores it in optimizer variables; the train step must call
   it (through `keras_replicator.optimizers.observe_loss`) with the all-reduced
-  global-batch mean loss *before* `apply_gradients`. With
+  global-batch mean loss *before* `apply_gradients`. `fit` does so itself (NLCG
+  with step control installs `_compat/loss_hook.py`); custom loops call it. With
   `gradient_accumulation_steps` the losses observed between two updates are
   averaged. The variables use Keras' `"only_first_replica"` aggregation, so even a
   wrongly-passed local loss cannot make replicas take different branches (it only
@@ -38,7 +39,7 @@ import keras
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.optimizers import _arguments, _nlcg_steps
+from keras_replicator.optimizers import _arguments, _loss_aware, _nlcg_steps
 from keras_replicator.optimizers._whole_list import WholeListOptimizer, _raw
 
 BETA_RULES = ("fr", "pr")
@@ -175,6 +176,7 @@ class NLCG(WholeListOptimizer):
         )
         self._loss_given = False
         if self.step_control:
+            _loss_aware.install_fit_hook()
             # Made here, not in `build`: the first `set_loss` precedes the first
             # `apply_gradients`, which is when Keras builds the optimizer.
             self._loss_sum = self._scalar("nlcg_loss_sum", 0.0, "only_first_replica")

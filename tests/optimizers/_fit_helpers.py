@@ -1,12 +1,21 @@
-"""Small float64 training runs shared by the Neumann and NLCG tests."""
+"""Small float64 training runs shared by the Neumann and NLCG tests.
+
+`recorded_fit` and `fit_on_workers` are the same run on one device, under a
+strategy and in worker processes (which import this module from the repository).
+"""
 
 from __future__ import annotations
+
+import json
+import sys
+import textwrap
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_replicator.optimizers import observe_loss
+from keras_replicator.launch import run_workers
+from keras_replicator.optimizers import NLCG, Neumann, UseTrueWeights, observe_loss
 from keras_replicator.testing import _workloads
 
 
@@ -60,3 +69,91 @@ def model(optimizer_fn, strategy=None, seed=1, model_class=keras.Model):
 def assert_weights_close(a, b, atol):
     for x, y in zip(a, b):
         np.testing.assert_allclose(x, y, rtol=0, atol=atol)
+
+
+# Optimizers the replica and worker tests train with, by name (worker processes
+# rebuild them from the name).
+OPTIMIZERS = {
+    # loss_smoothing=0: the loss average after a step is the loss handed over.
+    "nlcg": lambda: NLCG(0.5, step_control_period=1, loss_smoothing=0.0),
+    "neumann": lambda: Neumann(
+        0.25, reset_steps=5, burn_in_steps=2, mu_steps=4.0, beta=1e-7
+    ),
+}
+
+
+def recorded_fit(
+    strategy, optimizer, num_samples, *, initial=None, epochs=3, callbacks=()
+):
+    """A `fit` of `OPTIMIZERS[optimizer]`: weights and, for NLCG, what it was handed.
+
+    Returns a JSON-able dict: `weights` (lists), and per step `seen` (the loss
+    NLCG was handed) and `multipliers` (its step multiplier), empty for others.
+    """
+    x, y = data(num_samples)
+    net = model(OPTIMIZERS[optimizer], strategy)
+    if initial is not None:
+        net.set_weights([np.asarray(w) for w in initial])
+    seen, multipliers = [], []
+
+    def record(batch, logs):
+        if isinstance(net.optimizer, NLCG):
+            seen.append(float(net.optimizer._loss_ema.numpy()))
+            multipliers.append(float(net.optimizer.step_multiplier.numpy()))
+
+    callbacks = [*callbacks, keras.callbacks.LambdaCallback(on_train_batch_end=record)]
+    if optimizer == "neumann":
+        callbacks.append(UseTrueWeights())
+    net.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+    weights = [w.tolist() for w in net.get_weights()]
+    return {"weights": weights, "seen": seen, "multipliers": multipliers}
+
+
+_WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import keras
+    import keras_replicator as kr
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    from tests.optimizers import _fit_helpers
+    strategy = kr.MultiWorkerReplicator(collective_timeout=60)
+    result = _fit_helpers.recorded_fit(
+        strategy,
+        sys.argv[1],
+        int(sys.argv[3]),
+        initial=json.loads(sys.argv[2]),
+        epochs=int(sys.argv[4]),
+    )
+    print("RESULT " + json.dumps(result))
+    """
+)
+
+
+def fit_on_workers(optimizer, initial, num_samples, epochs, num_workers=2):
+    """`recorded_fit` under `MultiWorkerReplicator` in `num_workers` processes."""
+    command = [
+        sys.executable,
+        "-c",
+        _WORKER,
+        optimizer,
+        json.dumps([np.asarray(w).tolist() for w in initial]),
+        str(num_samples),
+        str(epochs),
+    ]
+    result = run_workers(command, num_workers, timeout=240, echo=False)
+    assert result.ok, result.describe_failure()
+    results = []
+    for worker in result.workers:
+        line = next(x for x in worker.output.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT ") :]))
+    return results
