@@ -11,6 +11,11 @@ to `--size` pixels, tinted and noised (`kr.data.digit_images`), written as JPEG
   files are read in the first epoch only); plus bfloat16 output;
 * per-worker file sharding: the two pipelines of 2 input contexts (8 shards each),
   each alone, then both pulled at once by two threads (the aggregate);
+* the tf.data service on loopback vs local: the same pipeline run by a dispatcher
+  and 2 service workers (`kr.data.start_local_service`, real gRPC on 127.0.0.1,
+  in this process and so on the same cores), in `distributed_epoch` mode (no
+  cache, as that mode requires; compare with the local "no cache" arm) and in
+  `parallel_epochs` mode (with the cache; compare with the full pipeline);
 * the decode alone, one thread: ms per image for a random-resized-crop window,
   fused vs whole-image decode + slice, at 160 px and at ImageNet-like 448 px;
 * delivered vs consumed: `fit` of `kr.models.small_resnet` on the full pipeline at
@@ -61,6 +66,14 @@ ABLATION = {
         "num_parallel_calls": 1,
     },
     "bfloat16 output": {"dtype": "bfloat16"},
+}
+# tf.data service arms (2 service workers on loopback) -> image_pipeline overrides.
+SERVICE_ARMS = {
+    "service distributed_epoch (no cache)": {
+        "cache": False,
+        "processing_mode": "distributed_epoch",
+    },
+    "service parallel_epochs (cache)": {"processing_mode": "parallel_epochs"},
 }
 
 
@@ -151,6 +164,24 @@ def sharded(pattern, args, warmup):
         "pipeline 0 alone": alone[0],
         "pipeline 1 alone": alone[1],
         "both at once (sum)": sum(results),
+    }
+
+
+def served(pattern, args, warmup, address, round_index):
+    """Delivered batches/s of each SERVICE_ARMS pipeline, read from `address`."""
+    return {
+        arm: delivered(
+            pipeline(
+                pattern,
+                args,
+                data_service=address,
+                job_name=f"bench-{round_index}-{position}",
+                **overrides,
+            ),
+            args,
+            warmup,
+        )
+        for position, (arm, overrides) in enumerate(SERVICE_ARMS.items())
     }
 
 
@@ -253,13 +284,19 @@ def plot(result, path):
     import matplotlib.pyplot as plt
 
     ablation = result["ablation_batches_per_s"]
+    served = result.get("service_batches_per_s", {})
     fit = result["fit"]
-    names = list(ablation) + [f"fit consumes ({k})" for k in fit]
-    values = list(ablation.values()) + [
-        v["consumed_batches_per_s"] for v in fit.values()
-    ]
+    names = list(ablation) + list(served) + [f"fit consumes ({k})" for k in fit]
+    values = (
+        list(ablation.values())
+        + list(served.values())
+        + [v["consumed_batches_per_s"] for v in fit.values()]
+    )
     colors = (
-        ["tab:blue"] + ["tab:orange"] * (len(ablation) - 1) + ["tab:green"] * len(fit)
+        ["tab:blue"]
+        + ["tab:orange"] * (len(ablation) - 1)
+        + ["tab:purple"] * len(served)
+        + ["tab:green"] * len(fit)
     )
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2))
     ax.barh(names[::-1], values[::-1], color=colors[::-1])
@@ -294,6 +331,7 @@ def main(argv=None):
     import keras_replicator as kr
 
     kr.split_cpu(2)
+    service = kr.data.start_local_service(num_workers=2)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as directory:
         pattern, total_bytes = build_dataset(directory, args.examples, args.size)
@@ -305,6 +343,7 @@ def main(argv=None):
         epoch = -(-args.examples // args.batch)
         runs: dict[str, list[float]] = {arm: [] for arm in ABLATION}
         shard_runs: dict[str, list[float]] = {}
+        service_runs: dict[str, list[float]] = {}
         for r in range(args.rounds):
             for arm in rotate(list(ABLATION), r):
                 dataset = pipeline(pattern, args, **ABLATION[arm])
@@ -312,8 +351,14 @@ def main(argv=None):
                 print(f"  round {r} {arm}: {runs[arm][-1]:,.1f} batches/s", flush=True)
             for name, rate in sharded(pattern, args, epoch + 2).items():
                 shard_runs.setdefault(name, []).append(rate)
+            for arm, rate in served(
+                pattern, args, epoch + 2, service.address, r
+            ).items():
+                service_runs.setdefault(arm, []).append(rate)
+                print(f"  round {r} {arm}: {rate:,.1f} batches/s", flush=True)
         summary = summarize(runs)
         shards = summarize(shard_runs)
+        services = summarize(service_runs)
         fit = {}
         for replicas in (1, 2):
             rate, share = consumed(pattern, args, replicas)
@@ -335,6 +380,7 @@ def main(argv=None):
         "ablation_batches_per_s": summary,
         "ablation_ratio": ratios(summary),
         "sharding_batches_per_s": shards,
+        "service_batches_per_s": services,
         "fit": fit,
         "seconds": time.perf_counter() - start,
     }
@@ -342,6 +388,15 @@ def main(argv=None):
     print("\nper-worker sharding (2 input contexts, 8 shards each):")
     for name, rate in shards.items():
         print(f"  {name}: {rate:,.1f} batches/s ({rate / summary[FULL]:.2f}x full)")
+    print("\ntf.data service, 2 service workers on 127.0.0.1 (same 2 cores):")
+    local_no_cache = summary["no cache"]
+    for name, rate in services.items():
+        base, label = (
+            (local_no_cache, "local no cache")
+            if "no cache" in name
+            else (summary[FULL], "local full")
+        )
+        print(f"  {name}: {rate:,.1f} batches/s ({rate / base:.2f}x {label})")
     print("\ndecode of a random-resized-crop window, ms per image (1 thread):")
     for name, ms in costs.items():
         print(f"  {name}: {ms:.3f}")

@@ -94,6 +94,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when stopping workers",
     )
     parser.add_argument(
+        "--data-service-workers",
+        type=int,
+        default=0,
+        help="also start a tf.data service dispatcher and N service workers on "
+        "127.0.0.1; the workers get its address as KERAS_REPLICATOR_DATA_SERVICE "
+        "(default 0)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print each worker's TF_CONFIG and start nothing",
@@ -126,6 +134,7 @@ def run(args) -> int:
             port_base=args.port_base,
             grace_seconds=args.grace_seconds,
             dry_run=args.dry_run,
+            data_service_workers=args.data_service_workers,
         )
     except (TypeError, ValueError) as error:
         _say(f"error: {error}")

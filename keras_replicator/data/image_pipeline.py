@@ -30,6 +30,17 @@ Randomness is stateless with a per-example seed derived from `seed`, the input
 pipeline id and the example's position, so with `deterministic=True` a fixed seed
 gives the same batches on every run at any parallelism. `deterministic=False` (the
 default, as in Ying et al.) lets tf.data hand out whichever element is ready first.
+
+**The tf.data service** (`data_service`): when this host's CPUs cannot keep up,
+everything up to and including `batch` runs on tf.data service workers
+(`keras_replicator.data.service`; `keras-replicator launch --data-service-workers
+N` starts them) and only the prefetch runs here; the default `processing_mode`
+needs `cache=False` (a cache would replay files). Files are then not sharded by
+`input_context`: the training workers share one service job, which splits the
+data (`processing_mode="distributed_epoch"`: every example once per epoch over all
+of them) or not (`"parallel_epochs"`). All of them must build the same dataset,
+so a `seed` is required and the job is named after a hash of the arguments. Order
+is then never deterministic.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ import random
 import tensorflow as tf
 
 from keras_replicator._arguments import check_int
-from keras_replicator.data import _crop, _sources
+from keras_replicator.data import _crop, _sources, service
+from keras_replicator.data.skipped_records import SkippedRecords
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _ERRORS = ("raise", "skip")
@@ -70,6 +82,10 @@ def image_pipeline(
     on_error: str = "raise",
     split: str | None = None,
     data_dir: str | None = None,
+    data_service: str | None = None,
+    processing_mode: str = "distributed_epoch",
+    job_name: str | None = None,
+    skipped: SkippedRecords | None = None,
 ) -> tf.data.Dataset:
     """Builds a batched `(images, labels)` pipeline from image files.
 
@@ -112,10 +128,25 @@ def image_pipeline(
             is below `min_image_size` raises `InvalidArgumentError` naming it
             (`file#index`, TFDS id or path). `"skip"`: such records are fully
             decoded once before the cache and dropped, tf.data logging one
-            warning each ("Ignoring error ... <name>"). Defaults to `"raise"`.
+            warning each ("Ignoring error ... <name>"), and counted in `skipped`
+            if given. Defaults to `"raise"`.
         split: TFDS split. Defaults to `"train"` when training, else `"test"`
             (or `"validation"`).
         data_dir: TFDS data directory for `"tfds:NAME"`. Defaults to TFDS's.
+        data_service: A tf.data service dispatcher address (`"grpc://host:port"`)
+            to run the pipeline on, e.g. `kr.data.service_address()` (set by
+            `keras-replicator launch --data-service-workers N`, else `None`).
+            Defaults to `None`: everything runs in this process.
+        processing_mode: With `data_service`: `"distributed_epoch"` (each
+            example once per epoch over all service workers and consumers;
+            TFRecord and folder sources) or `"parallel_epochs"` (every service
+            worker runs the whole pipeline). Defaults to `"distributed_epoch"`.
+        job_name: With `data_service`: consumers with the same name share a job.
+            Defaults to `None`: a name derived from the arguments, the same in
+            every training worker.
+        skipped: A `kr.data.SkippedRecords` that counts the records
+            `on_error="skip"` dropped (not with `data_service`). Defaults to
+            `None`.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: images
@@ -123,7 +154,7 @@ def image_pipeline(
 
     Raises:
         ValueError: for bad arguments, a pattern that matches no file, or fewer
-            files than input pipelines.
+            files than input pipelines (without `data_service`).
 
     Example:
     >>> from keras_replicator.data import image_pipeline
@@ -162,9 +193,22 @@ def image_pipeline(
         )
     if not isinstance(training, bool):
         raise TypeError(f"`training` must be a bool. Received: training={training!r}.")
+    drop_remainder = training if drop_remainder is None else drop_remainder
+    _check_skipped(skipped, on_error, data_service)
+    if data_service is not None:
+        data_service = service.check_address(data_service)
+        service.check_processing_mode(processing_mode)
+        _check_service_arguments(seed, cache, processing_mode)
+        if job_name is None:
+            job_name = service.job_name_for(
+                file_pattern, batch_size, image_size, training, dtype, cache,
+                seed, shuffle_buffer, fused_crop, flip, channels,
+                central_fraction, drop_remainder, min_image_size, on_error,
+                split, data_dir, processing_mode,
+            )  # fmt: skip
+        input_context = None  # the service job splits the data, not the files
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
-    drop_remainder = training if drop_remainder is None else drop_remainder
     pipeline_id = input_context.input_pipeline_id if input_context else 0
     pipelines = input_context.num_input_pipelines if input_context else 1
 
@@ -187,15 +231,29 @@ def image_pipeline(
             with tf.control_dependencies([decoded]):
                 return tf.identity(checked), label, name
 
+        if skipped is not None:
+            dataset = skipped.count_checked(dataset)
         dataset = dataset.map(validate, num_parallel_calls=num_parallel_calls)
         dataset = dataset.ignore_errors(log_warning=True)
+        if skipped is not None:
+            dataset = skipped.count_kept(dataset)
     if cache:
         dataset = dataset.cache("" if cache is True else cache)
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed).repeat()
     # Example k of pipeline p draws from seed (seed, k * pipelines + p): unique
     # across pipelines, fixed by position, independent of parallelism.
-    dataset = tf.data.Dataset.zip((dataset, tf.data.Dataset.counter()))
+    if data_service is None:
+        dataset = tf.data.Dataset.zip((dataset, tf.data.Dataset.counter()))
+    else:
+        # On the service a second source (`counter`) would be split too: one
+        # dispatcher round-trip per example (4x slower in the benchmark). A running
+        # count per service worker instead, its seed mixed with the record name
+        # (service workers count from 0 alike).
+        dataset = dataset.scan(
+            tf.constant(0, tf.int64),
+            lambda count, element: (count + 1, (element, count)),
+        )
 
     def preprocess(element, index):
         encoded, label, name = element
@@ -203,9 +261,10 @@ def image_pipeline(
             encoded, name, min_size=min_image_size, channels=channels
         )
         if training:
-            example_seed = tf.stack(
-                [tf.constant(seed, tf.int64), index * pipelines + pipeline_id]
-            )
+            stream = tf.constant(seed, tf.int64)
+            if data_service is not None:
+                stream += tf.strings.to_hash_bucket_fast(name, 2**40)
+            example_seed = tf.stack([stream, index * pipelines + pipeline_id])
             window = _crop.random_window(shape, example_seed)
         else:
             window = _crop.center_window(shape, central_fraction=central_fraction)
@@ -221,11 +280,60 @@ def image_pipeline(
 
     dataset = dataset.map(preprocess, num_parallel_calls=num_parallel_calls)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    if prefetch:
-        dataset = dataset.prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = deterministic
+    if data_service is not None:
+        dataset = service.distribute(
+            dataset.with_options(options),
+            data_service,
+            processing_mode=processing_mode,
+            job_name=job_name,
+        )
+    if prefetch:
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return dataset.with_options(options)
+
+
+def _check_skipped(skipped, on_error, data_service):
+    if skipped is None:
+        return
+    if not isinstance(skipped, SkippedRecords):
+        raise TypeError(
+            "`skipped` must be a `kr.data.SkippedRecords`. Received: "
+            f"skipped={skipped!r}."
+        )
+    if on_error != "skip" or data_service is not None:
+        raise ValueError(
+            "`skipped` counts the records `on_error='skip'` drops in this "
+            f"process. Received: skipped={skipped!r}, on_error={on_error!r}, "
+            f"data_service={data_service!r}. Pass on_error='skip' and no "
+            "data_service (service workers log each skipped record instead)."
+        )
+
+
+def _check_service_arguments(seed, cache, processing_mode):
+    if seed is None:
+        raise ValueError(
+            "`seed` must be set with `data_service`: every training worker joins "
+            "one service job, which only serves consumers whose dataset is the "
+            "same (a different one gets an empty stream). Received: seed=None. "
+            "Pass the same seed in every worker, e.g. seed=0."
+        )
+    if isinstance(cache, str):
+        raise ValueError(
+            "`cache` must be True or False with `data_service`: the service "
+            "workers would all write the same cache files. Received: "
+            f"cache={cache!r}. Use cache=True (in the service workers' memory)."
+        )
+    if cache and processing_mode == "distributed_epoch":
+        raise ValueError(
+            "`cache` must be False with processing_mode='distributed_epoch': a "
+            "service worker replays the files it cached every epoch instead of "
+            "asking the dispatcher for its share, so some examples would come "
+            "several times an epoch and others not at all. Received: "
+            f"cache={cache!r}. Pass cache=False, or use "
+            "processing_mode='parallel_epochs' (each worker caches everything)."
+        )
 
 
 def _source(file_pattern, training, seed, input_context, reads, split, data_dir):

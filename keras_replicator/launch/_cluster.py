@@ -17,6 +17,11 @@ step with several tasks, else `local`. `TF_CONFIG` is validated by
 `keras_replicator._tf_config`, the same check the strategies make in the worker;
 what only the launcher can see (a port in use, an address off this machine) is
 checked here. Both kinds of error name the `TF_CONFIG` field.
+
+With `data_service_workers=N` (local mode), the plan also holds a tf.data service
+dispatcher and N service workers (`keras_replicator/data/_service_main.py`), on
+free ports chosen like the workers' and on `127.0.0.1` only, and every worker
+gets the dispatcher's address as `KERAS_REPLICATOR_DATA_SERVICE`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from keras_replicator.launch._ports import free_ports, port_in_use
 from keras_replicator.launch._runner import WorkerSpec, tf_configs
 
 _TRAINING_TASKS = ("chief", "worker")
+DATA_SERVICE_ENV = "KERAS_REPLICATOR_DATA_SERVICE"  # = keras_replicator.data.service
+_LOOPBACK = "127.0.0.1"
 _SLURM_VARIABLES = (
     "SLURM_PROCID",
     "SLURM_STEP_NUM_TASKS",
@@ -55,6 +62,7 @@ class ClusterPlan:
     specs: tuple[WorkerSpec, ...]
     all_configs: tuple[dict, ...]
     this_task: int | None = None  # position in `all_configs` run here (cluster modes)
+    services: tuple[WorkerSpec, ...] = ()  # tf.data service tasks, started first
 
     def describe(self, command) -> str:
         """The dry-run text: the command and one TF_CONFIG line per worker."""
@@ -69,6 +77,11 @@ class ClusterPlan:
                 f"[{task['type']} {task['index']}] "
                 f"TF_CONFIG={json.dumps(config, sort_keys=True)}{mark}"
             )
+        for spec in self.services:
+            lines.append(f"{spec.prefix.strip()} " + " ".join(spec.command or ()))
+        if self.services:
+            address = self.specs[0].env.get(DATA_SERVICE_ENV)
+            lines.append(f"every worker: {DATA_SERVICE_ENV}={address}")
         lines.append(
             "note: TensorFlow's gRPC servers listen on all interfaces "
             "(0.0.0.0:<port>) whatever host TF_CONFIG names; firewall the ports "
@@ -138,15 +151,52 @@ def _plan_local(options: LaunchOptions) -> ClusterPlan:
     else:
         ports = free_ports(num_workers, "127.0.0.1")
     configs = tf_configs(num_workers, host=options.host, ports=ports)
+    services, service_env = _plan_data_service(options.data_service_workers, ports)
     specs = tuple(
         WorkerSpec(
             index=index,
             tf_config=json.dumps(config),
-            env=_worker_env(index, num_workers),
+            env={**_worker_env(index, num_workers), **service_env},
         )
         for index, config in enumerate(configs)
     )
-    return ClusterPlan("local", specs, tuple(configs))
+    return ClusterPlan("local", specs, tuple(configs), services=services)
+
+
+def _plan_data_service(num_workers: int, taken) -> tuple[tuple, dict]:
+    """A dispatcher and `num_workers` tf.data service workers on loopback ports."""
+    if not num_workers:
+        return (), {}
+    ports: list[int] = []
+    while len(ports) < num_workers + 1:  # distinct from the workers' ports
+        ports = [p for p in free_ports(num_workers + 1, _LOOPBACK) if p not in taken]
+    dispatcher, workers = ports[0], ports[1 : num_workers + 1]
+    main = [sys.executable, "-m", "keras_replicator.data._service_main"]
+    services = [
+        WorkerSpec(
+            index=0,
+            tf_config=None,
+            label="data dispatcher",
+            command=(*main, "dispatcher", "--port", str(dispatcher)),
+        )
+    ]
+    services += [
+        WorkerSpec(
+            index=index,
+            tf_config=None,
+            label=f"data worker {index}",
+            command=(
+                *main,
+                "worker",
+                "--port",
+                str(port),
+                "--dispatcher-port",
+                str(dispatcher),
+            ),
+        )
+        for index, port in enumerate(workers)
+    ]
+    return tuple(services), {DATA_SERVICE_ENV: f"grpc://{_LOOPBACK}:{dispatcher}"}
 
 
 def _plan_local_ps(options: LaunchOptions) -> ClusterPlan:

@@ -56,6 +56,7 @@ def launch_function(
     env: Mapping[str, str] | None = None,
     echo: bool = True,
     grace_seconds: float = 5.0,
+    data_service_workers: int = 0,
 ) -> list[Any]:
     """Calls `function(*args, **kwargs)` in `num_workers` worker processes.
 
@@ -76,6 +77,9 @@ def launch_function(
         echo: Print the workers' output. Defaults to `True`.
         grace_seconds: Seconds between SIGTERM and SIGKILL when stopping workers.
             Defaults to `5.0`.
+        data_service_workers: Start a tf.data service dispatcher and this many
+            service workers beside the workers (see `launch()`); the function
+            finds the address with `kr.data.service_address()`. Defaults to `0`.
 
     Returns:
         Each worker's return value, in worker order (`[0]` is the chief's). They
@@ -102,6 +106,7 @@ def launch_function(
         grace_seconds=grace_seconds,
         echo=echo,
         env=env,
+        data_service_workers=data_service_workers,
     )
     payload = function_payload(function)
     with tempfile.TemporaryDirectory(prefix="kr-launch-function-") as workdir:

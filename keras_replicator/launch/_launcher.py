@@ -58,6 +58,7 @@ def launch(
     echo: bool = True,
     grace_seconds: float = 5.0,
     dry_run: bool = False,
+    data_service_workers: int = 0,
 ) -> LaunchResult:
     """Runs `command` as the workers of one cluster (`keras-replicator launch`).
 
@@ -102,6 +103,16 @@ def launch(
             Defaults to `5.0`.
         dry_run: Print each worker's `TF_CONFIG` and start nothing. Defaults to
             `False`.
+        data_service_workers: Also start a tf.data service dispatcher and this
+            many service workers (`--data-service-workers`), each a process of
+            its own on `127.0.0.1` with a free port, output echoed as
+            `[data dispatcher]` / `[data worker i]`, stopped (SIGTERM, then
+            SIGKILL) once the workers are done, and restarted with them. Every
+            worker gets the dispatcher's address as
+            `KERAS_REPLICATOR_DATA_SERVICE`, for
+            `kr.data.image_pipeline(..., data_service=kr.data.service_address())`.
+            A service task that exits early fails the run. Local mode only, no
+            parameter servers. Defaults to `0`.
 
     Returns:
         The `LaunchResult` of the last run: `.ok`, `.restarts`, `.previous` (the
@@ -134,6 +145,7 @@ def launch(
         dry_run=dry_run,
         env=env,
         cwd=cwd,
+        data_service_workers=data_service_workers,
     )
     return launch_with_options(command, options)
 
@@ -179,7 +191,7 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
                 command, specs, max_rejoins=options.max_restarts, **runner_options
             )
         else:
-            result = run_group(command, specs, **runner_options)
+            result = run_group(command, specs, services=plan.services, **runner_options)
         if (
             not result.ok
             and not result.timed_out

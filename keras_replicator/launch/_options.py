@@ -48,6 +48,7 @@ class LaunchOptions:
     dry_run: bool = False
     env: Mapping[str, str] | None = None
     cwd: str | None = None
+    data_service_workers: int = 0
 
     def __post_init__(self):
         if self.num_workers is not None:
@@ -120,6 +121,34 @@ class LaunchOptions:
                     f"Received: ports={list(self.ports)}."
                 )
         _check_port("port_base", self.port_base)
+        self._check_data_service()
+
+    def _check_data_service(self):
+        _check_int(
+            "data_service_workers", self.data_service_workers, minimum=0, hint="Use 2"
+        )
+        if not self.data_service_workers:
+            return
+        count = f"Received: data_service_workers={self.data_service_workers}"
+        if self.num_workers is None or self.cluster in ("tf-config", "slurm"):
+            raise ValueError(
+                "`data_service_workers` starts a tf.data service beside local "
+                f"workers and needs `num_workers`. {count}, num_workers="
+                f"{self.num_workers}, cluster={self.cluster!r}. On a cluster, run "
+                "the service's dispatcher and workers as tasks of their own and "
+                "pass their address as `data_service=`."
+            )
+        if self.num_ps:
+            raise ValueError(
+                "`data_service_workers` is not supported with parameter servers "
+                f"yet. {count}, num_ps={self.num_ps}. Drop one of them."
+            )
+        if not is_loopback(self.host):
+            raise ValueError(
+                "`data_service_workers` starts the tf.data service on loopback "
+                f"only (its servers have no authentication). {count}, host="
+                f"{self.host!r}. Use host='127.0.0.1'."
+            )
 
 
 def is_loopback(host: str) -> bool:

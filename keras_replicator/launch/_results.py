@@ -74,6 +74,10 @@ class LaunchResult:
         job_index: In a parameter-server job, the position of the chief, whose
             exit code is the job's; `None` for a group of peers.
         rejoins: Workers restarted to rejoin a parameter-server job.
+        services: The tf.data service dispatcher and workers started beside the
+            workers (`data_service_workers`), labelled `"data dispatcher"` and
+            `"data worker i"`; the launcher stops them at the end, so one that
+            was not stopped exited on its own and failed the run.
     """
 
     workers: tuple[WorkerResult, ...]
@@ -83,9 +87,12 @@ class LaunchResult:
     previous: tuple[LaunchResult, ...] = ()
     job_index: int | None = None
     rejoins: int = 0
+    services: tuple[WorkerResult, ...] = ()
 
     @property
     def ok(self) -> bool:
+        if any(not s.stopped for s in self.services):
+            return False
         if self.job_index is not None:
             return not self.timed_out and self.workers[self.job_index].returncode == 0
         return not self.timed_out and all(w.returncode == 0 for w in self.workers)
@@ -107,6 +114,7 @@ class LaunchResult:
                 return chief
         own = [w for w in self.workers if w.returncode not in (0, None)]
         own = [w for w in own if not w.stopped]
+        own += [s for s in self.services if not s.stopped]  # left on its own
         if own:
             return min(own, key=lambda w: (w.seconds is None, w.seconds or 0.0))
         for worker in self.workers:
@@ -161,14 +169,14 @@ class LaunchResult:
     @property
     def lost_port(self) -> WorkerResult | None:
         """The first worker whose gRPC server could not bind its port, if any."""
-        return next((w for w in self.workers if w.lost_port), None)
+        return next((w for w in self.services + self.workers if w.lost_port), None)
 
     def describe_failure(self) -> str:
         """The headline, then each worker's output tail (the failing one first)."""
         if self.ok:
             return "all workers succeeded"
         failure = self.first_failure
-        order = sorted(self.workers, key=lambda w: w is not failure)
+        order = sorted(self.workers + self.services, key=lambda w: w is not failure)
         tails = "\n".join(
             f"--- {w.name} (exit {_describe_code(w.returncode)}"
             f"{', stopped by the launcher' if w.stopped else ''}) ---\n"

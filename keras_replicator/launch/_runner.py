@@ -18,6 +18,10 @@ Supervision rules:
   (`_reaper.py`), which stops it if the launcher dies without doing so; workers
   get `KERAS_REPLICATOR_LAUNCHER_PID` for their own watchdog
   (`keras_replicator/_watchdog.py`).
+- Service tasks (`services`: the tf.data service dispatcher and workers of
+  `--data-service-workers`) start first, serve the workers and are stopped with
+  the same routine once every worker has exited; one that exits on its own
+  before then (any exit code) fails the group like a failed worker.
 - The result keeps, for every worker, its exit code, when it exited, whether the
   launcher stopped it, and the tail of its output. `first_failure` is the worker
   that failed first *in time* and on its own, which is the one to blame: the others
@@ -50,12 +54,16 @@ _POLL_SECONDS = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    """One worker to start: its index, label, TF_CONFIG and extra environment."""
+    """One worker to start: its index, label, TF_CONFIG and extra environment.
+
+    `command` replaces the group's command for this task (service tasks).
+    """
 
     index: int
     tf_config: str | None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     label: str | None = None
+    command: tuple[str, ...] | None = None
 
     @property
     def prefix(self) -> str:
@@ -63,7 +71,13 @@ class WorkerSpec:
 
     @property
     def address(self) -> tuple[str, str] | None:
-        """`(TF_CONFIG field, "host:port")` of this task's own server, if known."""
+        """`(TF_CONFIG field, "host:port")` of this task's own server, if known.
+
+        For a service task, `("--port", "127.0.0.1:PORT")` from its command.
+        """
+        if self.command and "--port" in self.command:
+            port = self.command[self.command.index("--port") + 1]
+            return ("--port", f"127.0.0.1:{port}")
         try:
             config = json.loads(self.tf_config)
             kind, index = config["task"]["type"], config["task"]["index"]
@@ -185,19 +199,25 @@ def run_group(
     cwd: str | None = None,
     echo: bool = True,
     grace_seconds: float = 5.0,
+    services: Sequence[WorkerSpec] = (),
 ) -> LaunchResult:
-    """Starts one process per spec and supervises them (see the module docstring)."""
+    """Starts one process per spec and supervises them (see the module docstring).
+
+    `services` are started first and stopped when every spec's process exited.
+    """
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
+    everything = list(services) + list(specs)
     processes: list[subprocess.Popen] = []
-    tails = [collections.deque(maxlen=_TAIL_LINES) for _ in specs]
-    exits: list[float | None] = [None] * len(specs)
+    tails = [collections.deque(maxlen=_TAIL_LINES) for _ in everything]
+    exits: list[float | None] = [None] * len(everything)
     stopped: set[int] = set()
     readers = []
     output = Echo(echo)
     timed_out = False
+    first = len(services)  # position of the first worker in `everything`
     try:
-        for position, spec in enumerate(specs):
+        for position, spec in enumerate(everything):
             with signals_deferred():
                 processes.append(_start(command, spec, env, cwd, grace_seconds))
             readers.append(_read(processes[-1], spec.prefix, tails[position], output))
@@ -206,11 +226,13 @@ def run_group(
             for position, process in enumerate(processes):
                 if exits[position] is None and process.poll() is not None:
                     exits[position] = now
-            codes = [p.returncode for p in processes]
+            codes = [p.returncode for p in processes[first:]]
             if all(code is not None for code in codes):
                 break
             if any(code not in (None, 0) for code in codes):
                 break
+            if any(p.returncode is not None for p in processes[:first]):
+                break  # a service task left before the workers were done
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
                 break
@@ -223,20 +245,23 @@ def run_group(
                 exits[position] = now
         for reader in readers:
             reader.join(timeout=5)
+    results = tuple(
+        WorkerResult(
+            spec.index,
+            process.returncode,
+            "".join(tails[position]),
+            seconds=exits[position],
+            stopped=position in stopped,
+            label=spec.label if position < first else None,
+            address=spec.address,
+        )
+        for position, (spec, process) in enumerate(zip(everything, processes))
+    )
     return LaunchResult(
-        workers=tuple(
-            WorkerResult(
-                spec.index,
-                process.returncode,
-                "".join(tails[position]),
-                seconds=exits[position],
-                stopped=position in stopped,
-                address=spec.address,
-            )
-            for position, (spec, process) in enumerate(zip(specs, processes))
-        ),
+        workers=results[first:],
         timed_out=timed_out,
         seconds=time.monotonic() - started,
+        services=results[:first],
     )
 
 
@@ -253,7 +278,7 @@ def _start(command, spec: WorkerSpec, env, cwd, grace_seconds=5.0):
     # and a Ctrl-C in the terminal reaches the launcher only (which then stops
     # every worker in order). Bytes, read in bounded chunks (`_output.py`).
     process = subprocess.Popen(
-        list(command),
+        list(spec.command or command),
         env=worker_env,
         cwd=cwd,
         stdout=subprocess.PIPE,

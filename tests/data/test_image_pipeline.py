@@ -266,6 +266,32 @@ def test_skip_drops_bad_records_and_an_all_bad_pipeline_ends(tmp_path, jpegs):
     assert list(training) == []  # an empty repeat ends instead of spinning
 
 
+def test_skipped_records_are_counted(tmp_path, jpegs):
+    from keras_replicator.data import SkippedRecords
+
+    path = _write(tmp_path / "mixed.tfrecord", list(jpegs.values()) * 2)
+    skipped = SkippedRecords()
+    dataset = image_pipeline(
+        path,
+        batch_size=2,
+        image_size=16,
+        training=False,
+        min_image_size=8,
+        on_error="skip",
+        skipped=skipped,
+    )
+    assert len(_labels(dataset)) == 2
+    assert (skipped.count, skipped.checked) == (6, 8)
+    assert len(_labels(dataset)) == 2  # the second pass reads the cache
+    assert (skipped.count, skipped.checked) == (6, 8)
+    with pytest.raises(ValueError, match="on_error='raise'"):
+        image_pipeline(path, batch_size=2, image_size=16, training=False,
+                       skipped=SkippedRecords())  # fmt: skip
+    with pytest.raises(TypeError, match="skipped=3"):
+        image_pipeline(path, batch_size=2, image_size=16, training=False,
+                       on_error="skip", skipped=3)  # fmt: skip
+
+
 # ----------------------------------------------------------------- distributed
 def test_fit_on_two_replicas_and_one_pass_over_distribute_input(shards):
     import keras
