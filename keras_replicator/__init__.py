@@ -32,6 +32,7 @@ _SUBMODULES = (
     "pipeline",
     "replica",
     "schedules",
+    "spatial",
     "strategies",
     "testing",
 )

@@ -1,0 +1,72 @@
+"""What every halo layer adds to its Keras parent: tile geometry and the exchange.
+
+The halo layers subclass Keras' own (`HaloConv2D(keras.layers.Conv2D)`, ...) so
+they keep its weights, initializers, regularizers and weight order: the wrapped
+model's `get_weights()` loads into the partitioned one unchanged. The parent's
+`padding` is set to `"valid"` once, in the constructor, and the user's padding
+kept in `tile_padding`: the parent's `call` then convolves the extended tile
+(`_halo.extend`) with `valid` padding. Nothing is switched during `call`, which
+matters because MirroredStrategy traces the replicas in concurrent threads.
+"""
+
+from __future__ import annotations
+
+from keras_replicator._arguments import check_int
+from keras_replicator.spatial import _geometry, _halo
+
+
+class TiledMixin:
+    """Geometry and halo exchange for a 2-D sliding-window Keras layer."""
+
+    _fill = 0.0
+
+    def _init_tiles(self, parts: int) -> None:
+        check_int("parts", parts)
+        if getattr(self, "data_format", "channels_last") != "channels_last":
+            raise ValueError(
+                f"Layer `{self.name}`: spatial partitioning needs "
+                "`data_format='channels_last'`. Received: "
+                f"data_format={self.data_format!r}."
+            )
+        self.parts = parts
+        self.tile_padding = self.padding
+        self.padding = "valid"
+
+    def _window_shape(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """`(size, dilation)` per spatial axis; pooling layers override."""
+        return tuple(self.kernel_size), tuple(self.dilation_rate)
+
+    def _windows(self) -> tuple[_geometry.Window, _geometry.Window]:
+        sizes, dilations = self._window_shape()
+        return tuple(
+            _geometry.Window(d * (k - 1) + 1, s, self.tile_padding)
+            for k, d, s in zip(sizes, dilations, self.strides)
+        )
+
+    def _plan(self, tile_rows: int) -> _geometry.Halo:
+        rows_window, _ = self._windows()
+        return _geometry.halo(rows_window, tile_rows, self.parts, self.name)
+
+    def _extended_shape(self, input_shape):
+        batch, rows, width, channels = input_shape
+        plan = self._plan(rows)
+        left, right = self._windows()[1].pads(width)
+        return (batch, plan.length, width + left + right, channels)
+
+    def _extend(self, inputs):
+        return _halo.extend(
+            inputs,
+            self._plan(inputs.shape[1]),
+            self._windows()[1],
+            self.parts,
+            fill=self._fill,
+        )
+
+    def compute_output_shape(self, input_shape):
+        return super().compute_output_shape(self._extended_shape(input_shape))
+
+    def get_config(self):
+        config = super().get_config()
+        config["padding"] = self.tile_padding
+        config["parts"] = self.parts
+        return config
