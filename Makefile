@@ -40,6 +40,7 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/strategy_overhead.py
+	$(PY) benchmarks/step_overhead.py --png benchmarks/step_overhead.png
 	$(PY) benchmarks/cross_replica_metrics_overhead.py
 	$(PY) benchmarks/large_batch.py
 	$(PY) benchmarks/pipeline.py

@@ -65,8 +65,12 @@ class KerasHooks:
 
     @staticmethod
     def scale_loss(loss):
-        """`optimizer.scale_loss`: our steps put the sample count on the loss."""
-        if _compat.is_replicator_current():
+        """`optimizer.scale_loss`: our steps put the sample count on the loss.
+
+        Not with one replica in sync, whose gradient is never weighted (see
+        `_gradients.single_replica`).
+        """
+        if _compat.is_replicator_current() and not _gradients.single_replica():
             return _sample_count.scale_loss_by_sample_count(loss)
         return loss
 

@@ -117,3 +117,34 @@ def test_seeded_reshuffling_dataset_gives_one_device_epochs(float64):
     single.fit(dataset(), epochs=3, verbose=0)
     for ours, reference in zip(replicated.get_weights(), single.get_weights()):
         np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-10)
+
+
+def test_one_replica_fit_is_bit_for_bit_a_plain_fit():
+    # With one replica in sync there is nothing to reduce: the step must be Keras'
+    # own. Scaling the loss by the sample count and dividing the gradient by it
+    # again (what N > 1 replicas do) changed the float32 weights in the last bits.
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(200, 6)).astype("float32")
+    y = rng.integers(0, 3, 200)
+
+    def model():
+        model = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(16, "relu"), keras.layers.Dense(3)]
+        )
+        model.compile(
+            keras.optimizers.SGD(0.3, momentum=0.9),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        return model
+
+    keras.utils.set_random_seed(0)
+    plain = model()
+    initial = plain.get_weights()
+    strategy = kr.MultiDeviceReplicator(devices=["/cpu:0"])
+    with strategy.scope():
+        replicated = model()
+    replicated.set_weights(initial)
+    for trained in (plain, replicated):
+        trained.fit(x, y, batch_size=24, epochs=2, shuffle=False, verbose=0)
+    for expected, actual in zip(plain.get_weights(), replicated.get_weights()):
+        np.testing.assert_array_equal(actual, expected)
