@@ -55,6 +55,7 @@ from keras_replicator._compat.strategy import (
     is_replicator,
     is_replicator_current,
     next_collective_key_base,
+    stock_mirrored_strategy,
 )
 from keras_replicator._compat.trainer import (
     in_keras_symbolic_build,
@@ -124,6 +125,7 @@ __all__ = [
     "is_replicator_current",
     "loss_tracker",
     "next_collective_key_base",
+    "stock_mirrored_strategy",
     "optimizer_variable_index",
     "register_batch_norm_moments_hook",
     "rescheduled_closures",

@@ -162,7 +162,8 @@ def check_upstream() -> dict[str, str]:
 def check_variable_internals() -> dict[str, str]:
     """What `install_atomic_updates` relies on in Keras' TF variable."""
     changed = {}
-    if "self._value = " not in inspect.getsource(_tf_core.Variable._initialize):
+    initialize = unpatched(_tf_core.Variable._initialize)  # may be wrapped here
+    if "self._value = " not in inspect.getsource(initialize):
         changed["tensorflow Variable._value"] = "attribute renamed"
     for name in ("assign_add", "assign_sub"):
         if not callable(getattr(_common_variables.Variable, name, None)):

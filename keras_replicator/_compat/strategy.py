@@ -37,6 +37,22 @@ def next_collective_key_base() -> int:
     return next(_collective_key_bases) * _COLLECTIVE_KEY_STRIDE
 
 
+def stock_mirrored_strategy(devices):
+    """A stock `tf.distribute.MirroredStrategy` with collective keys of its own.
+
+    Every stock MirroredStrategy starts at group key 1 and instance key 100, so two
+    in one process that all-reduce different dtypes at the same instance key abort
+    every later collective of the process ("Collective instance 100 expected type 0
+    and data_type 2 but got type 0 and data_type 1"). For tests that compare
+    against stock in one process; `_collective_key_base` must be set before the
+    constructor reads it, as our strategies do (`next_collective_key_base`).
+    """
+    strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
+    strategy._collective_key_base = next_collective_key_base()
+    strategy.__init__(devices)
+    return strategy
+
+
 def in_multi_worker_mode(strategy) -> bool:
     """Whether `strategy` spans several workers (no public API says so)."""
     return strategy.extended._in_multi_worker_mode()

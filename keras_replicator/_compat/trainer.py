@@ -48,8 +48,9 @@ def _upstream_objects():
 def check_upstream() -> dict[str, str]:
     """{name: what changed} for the trainer internals replaced or read here."""
     changed = changed_digests(DIGESTS, _upstream_objects())
+    # `unpatched`: the parameter-server routing may have wrapped `fit` already.
     if "self._initial_epoch or initial_epoch" not in inspect.getsource(
-        _tf_trainer.TensorFlowTrainer.fit
+        unpatched(_tf_trainer.TensorFlowTrainer.fit)
     ):
         changed["TensorFlowTrainer.fit"] = "no longer resumes from _initial_epoch"
     if "self._loss_tracker" not in inspect.getsource(_tf_trainer.TensorFlowTrainer):
