@@ -15,22 +15,39 @@ from keras_replicator._arguments import check_int
 from keras_replicator.spatial import _geometry, _halo
 
 
+def check_parts(layer, parts: int) -> None:
+    """Validates `parts` and the channels-last layout every spatial layer needs."""
+    check_int("parts", parts)
+    if getattr(layer, "data_format", "channels_last") != "channels_last":
+        raise ValueError(
+            f"Layer `{layer.name}`: spatial partitioning needs "
+            "`data_format='channels_last'`. Received: "
+            f"data_format={layer.data_format!r}."
+        )
+
+
 class TiledMixin:
-    """Geometry and halo exchange for a 2-D sliding-window Keras layer."""
+    """Geometry and halo exchange for a 2-D sliding-window Keras layer.
+
+    Takes the parent's arguments plus `parts`; `call` runs the parent on the
+    extended tile.
+    """
 
     _fill = 0.0
 
-    def _init_tiles(self, parts: int) -> None:
-        check_int("parts", parts)
-        if getattr(self, "data_format", "channels_last") != "channels_last":
-            raise ValueError(
-                f"Layer `{self.name}`: spatial partitioning needs "
-                "`data_format='channels_last'`. Received: "
-                f"data_format={self.data_format!r}."
-            )
+    def __init__(self, *args, parts: int = 2, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_parts(self, parts)
         self.parts = parts
         self.tile_padding = self.padding
         self.padding = "valid"
+
+    def call(self, inputs):
+        return self._parent_call(self._extend(inputs))
+
+    def _parent_call(self, inputs):
+        """The Keras parent's `call` (the window op) on an already extended tile."""
+        return super().call(inputs)
 
     def _window_shape(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """`(size, dilation)` per spatial axis; pooling layers override."""

@@ -37,13 +37,6 @@ class HaloConv2D(TiledMixin, keras.layers.Conv2D):
     (None, 8, 8, 4)
     """
 
-    def __init__(self, *args, parts: int = 2, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_tiles(parts)
-
-    def call(self, inputs):
-        return super().call(self._extend(inputs))
-
 
 @keras.saving.register_keras_serializable(package="keras_replicator")
 class HaloDepthwiseConv2D(TiledMixin, keras.layers.DepthwiseConv2D):
@@ -61,13 +54,6 @@ class HaloDepthwiseConv2D(TiledMixin, keras.layers.DepthwiseConv2D):
     (None, 4, 4, 3)
     """
 
-    def __init__(self, *args, parts: int = 2, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_tiles(parts)
-
-    def call(self, inputs):
-        return super().call(self._extend(inputs))
-
 
 @keras.saving.register_keras_serializable(package="keras_replicator")
 class HaloSeparableConv2D(TiledMixin, keras.layers.SeparableConv2D):
@@ -84,10 +70,3 @@ class HaloSeparableConv2D(TiledMixin, keras.layers.SeparableConv2D):
     >>> layer.compute_output_shape((None, 8, 8, 3))
     (None, 6, 6, 4)
     """
-
-    def __init__(self, *args, parts: int = 2, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_tiles(parts)
-
-    def call(self, inputs):
-        return super().call(self._extend(inputs))

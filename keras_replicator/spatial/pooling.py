@@ -21,9 +21,8 @@ import keras
 import tensorflow as tf
 
 from keras_replicator import replica
-from keras_replicator._arguments import check_int
 from keras_replicator.spatial import _halo
-from keras_replicator.spatial._tiled import TiledMixin
+from keras_replicator.spatial._tiled import TiledMixin, check_parts
 
 
 class _PoolingMixin(TiledMixin):
@@ -49,13 +48,6 @@ class HaloMaxPooling2D(_PoolingMixin, keras.layers.MaxPooling2D):
 
     _fill = float("-inf")
 
-    def __init__(self, *args, parts: int = 2, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_tiles(parts)
-
-    def call(self, inputs):
-        return super().call(self._extend(inputs))
-
 
 @keras.saving.register_keras_serializable(package="keras_replicator")
 class HaloAveragePooling2D(_PoolingMixin, keras.layers.AveragePooling2D):
@@ -73,30 +65,20 @@ class HaloAveragePooling2D(_PoolingMixin, keras.layers.AveragePooling2D):
     (None, 4, 4, 3)
     """
 
-    def __init__(self, *args, parts: int = 2, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_tiles(parts)
-
     def call(self, inputs):
-        pooled = super().call(self._extend(inputs))
+        pooled = self._parent_call(self._extend(inputs))
         if self.tile_padding != "same":
             return pooled
         rows, width = inputs.shape[1], inputs.shape[2]
         mask = _halo.inside_mask(
             self._plan(rows), self._windows()[1], rows, width, self.parts, pooled.dtype
         )
-        return pooled / super().call(mask)
+        return pooled / self._parent_call(mask)
 
 
 class _GroupGlobalMixin:
     def _init_parts(self, parts: int) -> None:
-        check_int("parts", parts)
-        if self.data_format != "channels_last":
-            raise ValueError(
-                f"Layer `{self.name}`: spatial partitioning needs "
-                "`data_format='channels_last'`. Received: "
-                f"data_format={self.data_format!r}."
-            )
+        check_parts(self, parts)
         self.parts = parts
 
     def _reduce(self, value, op):
