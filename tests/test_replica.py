@@ -228,7 +228,7 @@ MISMATCH_SCRIPT = textwrap.dedent(
     import tensorflow as tf
     import keras_replicator as kr
     from keras_replicator import replica
-    strategy = kr.MultiWorkerReplicator(collective_timeout=10)
+    strategy = kr.MultiWorkerReplicator(collective_timeout=5)
     worker = int(os.environ["KERAS_REPLICATOR_WORKER_INDEX"])
 
     @tf.function
@@ -246,7 +246,7 @@ MISMATCH_SCRIPT = textwrap.dedent(
     except tf.errors.DeadlineExceededError as error:
         print("TIMED OUT", round(time.time() - start))
     if worker == 1:
-        time.sleep(30)  # stay alive: the failure must come from the timeout
+        time.sleep(15)  # stay alive: the failure must come from the timeout
     """
 )
 
@@ -258,7 +258,7 @@ def test_a_skipped_collective_times_out_instead_of_hanging():
     waiting = result.workers[0].output
     line = next(x for x in waiting.splitlines() if x.startswith(("TIMED OUT", "NO")))
     assert line.startswith("TIMED OUT"), waiting[-3000:]
-    assert int(line.split()[-1]) < 30
+    assert int(line.split()[-1]) < 15
 
 
 def test_module_docstring_example_runs():

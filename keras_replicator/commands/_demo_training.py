@@ -43,16 +43,45 @@ def build_model(data, args, peak, steps_per_epoch):
     return model
 
 
-def batches(data, args, split, shuffle, dtype="float32"):
-    """Global batches of `split`: cached, shuffled with `args.seed`, cast to `dtype`."""
+def batches(data, args, training, dtype="float32"):
+    """Global batches for training (an endless stream) or evaluation (one pass).
+
+    Data with files (`data.pipeline_source`: digits and TFDS) is read by
+    `kr.data.image_pipeline`: compressed records cached, shuffled over the whole
+    training set with `args.seed`, decoded and resized in parallel, prefetched. The
+    demo's images are small and centered, so training keeps whole images
+    (`crop_area_range=(1, 1)`, no flips) and evaluation uses no center crop; order
+    is deterministic so every run sees the same global batches. An image folder's
+    train/test split exists only in the loader, so its tensors are batched here.
+    """
     import tensorflow as tf
 
-    dataset = split.cache()
-    if shuffle:
-        dataset = dataset.shuffle(data.train_size, seed=args.seed)
+    height, width, channels = data.image_shape
+    if data.pipeline_source is not None and height == width and channels in (1, 3):
+        from keras_replicator.data import image_pipeline
+
+        dataset = image_pipeline(
+            data.pipeline_source,
+            batch_size=args.batch_size,
+            image_size=height,
+            training=training,
+            channels=channels,
+            seed=args.seed,
+            deterministic=True,
+            shuffle_buffer=data.train_size,
+            crop_area_range=(1.0, 1.0),
+            flip=False,
+            central_fraction=1.0,
+        )
+    else:
+        dataset = (data.train if training else data.test).cache()
+        if training:
+            dataset = dataset.shuffle(data.train_size, seed=args.seed).repeat()
+        dataset = dataset.batch(args.batch_size, drop_remainder=training)
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
     if dtype != "float32":
         dataset = dataset.map(lambda image, label: (tf.cast(image, dtype), label))
-    return dataset.batch(args.batch_size).prefetch(tf.data.AUTOTUNE)
+    return dataset
 
 
 def train_run(label, strategy, build, initial, train, test, args, steps_per_epoch):
@@ -74,6 +103,7 @@ def train_run(label, strategy, build, initial, train, test, args, steps_per_epoc
     history = model.fit(
         train(),
         epochs=args.epochs,
+        steps_per_epoch=steps_per_epoch,
         validation_data=test(),
         callbacks=[kr.callbacks.CrossReplicaMetrics(), throughput, epoch_weights],
         verbose=1 if kr.is_chief() else 0,

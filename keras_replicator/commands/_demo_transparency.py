@@ -108,7 +108,9 @@ def relative_difference(a, b) -> float:
     return float(np.sqrt(difference / norm)) if norm else 0.0
 
 
-def float64_gaps(runs, build, initial, train_batches, args) -> list[float]:
+def float64_gaps(
+    runs, build, initial, train_batches, args, steps_per_epoch
+) -> list[float]:
     """Trains the first `args.check_epochs` epochs in float64 on each strategy.
 
     Same initial weights (cast), same shuffled batches and learning-rate schedule as
@@ -125,6 +127,7 @@ def float64_gaps(runs, build, initial, train_batches, args) -> list[float]:
             model.fit(
                 train_batches(),
                 epochs=args.check_epochs,
+                steps_per_epoch=steps_per_epoch,
                 callbacks=[step_weights],
                 verbose=0,
             )

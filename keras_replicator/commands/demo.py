@@ -3,7 +3,8 @@
 What a user should see in five minutes: `keras_replicator.auto()` picking the strategy
 (here: logical CPU replicas), a ResNet with synchronized batch norm trained with LARS
 and learning-rate warmup on scikit-learn's digits (written once as a local TFDS
-dataset in 4 shards, upscaled to 16x16), a progress bar, the test accuracy and
+dataset in 4 shards, read by `kr.data.image_pipeline` and upscaled to 16x16), a
+progress bar, the test accuracy and
 examples/s -- and the same training on one device from the same initial weights at the
 same global batch. It writes a PNG of the curves and throughput and a JSON summary.
 `--data` takes the user's own TFDS dataset or image folder instead.
@@ -12,8 +13,8 @@ Transparency, shown so that it holds up: in float32 the two runs drift apart (a 
 batch sums in another order, and batch norm and LARS' trust ratios amplify those
 rounding differences step after step: 5e-1 after 12 epochs, with the same accuracy
 curves). So the demo also reruns the first epoch(s) in float64 on both sides, where
-the weights agree to ~1e-14 after each full batch (the epoch's partial last batch
-adds ~1e-9, still five orders below float32's gap at that point): the replicas
+the weights agree to ~1e-14 after each batch (the input is an endless stream of full
+global batches, an epoch being ceil(examples / batch) of them): the replicas
 compute what one device computes, and the float32 gap is rounding. It reports that
 gap step by step, the float32 gap after each epoch and the curves of both runs.
 
@@ -149,8 +150,8 @@ def run(args) -> int:
         print(f"{key}: {value}")
 
     build = functools.partial(build_model, data, args, peak, steps_per_epoch)
-    train = functools.partial(batches, data, args, data.train, True)
-    test = functools.partial(batches, data, args, data.test, False)
+    train = functools.partial(batches, data, args, True)
+    test = functools.partial(batches, data, args, False)
 
     keras.utils.set_random_seed(args.seed)
     initial = build().get_weights()
@@ -166,7 +167,12 @@ def run(args) -> int:
     if len(runs) == 2 and args.check_epochs:
         print(f"\n== float64: the first {args.check_epochs} epoch(s) again ==")
         gaps = float64_gaps(
-            runs, build, initial, functools.partial(train, "float64"), args
+            runs,
+            build,
+            initial,
+            functools.partial(train, "float64"),
+            args,
+            steps_per_epoch,
         )
     summary = summarize(results, setup, data, gaps, steps_per_epoch)
     if kr.is_chief():

@@ -35,6 +35,9 @@ class ImageClassificationData:
         train_size: Number of training examples.
         test_size: Number of test examples.
         description: Where the data came from, for logs.
+        pipeline_source: What `kr.data.image_pipeline` reads the same data from
+            (the prepared TFDS directory), or `None` (an image folder: its
+            train/test split exists only here).
     """
 
     train: tf.data.Dataset
@@ -44,6 +47,7 @@ class ImageClassificationData:
     train_size: int
     test_size: int
     description: str
+    pipeline_source: str | None = None
 
 
 def load_image_classification(
@@ -150,6 +154,7 @@ def _from_tfds(builder, image_size, description) -> ImageClassificationData:
         train_size=splits["train"].num_examples,
         test_size=splits[test_split].num_examples,
         description=description,
+        pipeline_source=os.fspath(builder.data_dir),
     )
 
 

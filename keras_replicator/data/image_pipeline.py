@@ -77,6 +77,7 @@ def image_pipeline(
     flip: bool = True,
     channels: int = 3,
     central_fraction: float = 0.875,
+    crop_area_range: tuple[float, float] = (0.08, 1.0),
     drop_remainder: bool | None = None,
     min_image_size: int = 1,
     on_error: str = "raise",
@@ -122,6 +123,10 @@ def image_pipeline(
         channels: 3 (RGB) or 1 (grayscale) output channels. Defaults to `3`.
         central_fraction: Side of the evaluation center crop as a fraction of the
             shorter side (224/256). Defaults to `0.875`.
+        crop_area_range: `(low, high)` fraction of the image's area a training
+            crop covers (aspect ratio 3/4..4/3). Defaults to `(0.08, 1.0)`
+            (Inception-style random-resized crops for ImageNet-sized images);
+            `(1.0, 1.0)` keeps whole images, for small or centered ones.
         drop_remainder: Drop a last partial batch. Defaults to `training`.
         min_image_size: Reject images with a side below this. Defaults to `1`.
         on_error: `"raise"`: a record that is not an image, cannot be decoded or
@@ -191,6 +196,7 @@ def image_pipeline(
             "`central_fraction` must be in (0, 1]. "
             f"Received: central_fraction={central_fraction!r}."
         )
+    _check_area_range(crop_area_range)
     if not isinstance(training, bool):
         raise TypeError(f"`training` must be a bool. Received: training={training!r}.")
     drop_remainder = training if drop_remainder is None else drop_remainder
@@ -203,8 +209,8 @@ def image_pipeline(
             job_name = service.job_name_for(
                 file_pattern, batch_size, image_size, training, dtype, cache,
                 seed, shuffle_buffer, fused_crop, flip, channels,
-                central_fraction, drop_remainder, min_image_size, on_error,
-                split, data_dir, processing_mode,
+                central_fraction, tuple(crop_area_range), drop_remainder,
+                min_image_size, on_error, split, data_dir, processing_mode,
             )  # fmt: skip
         input_context = None  # the service job splits the data, not the files
     if seed is None:
@@ -265,7 +271,9 @@ def image_pipeline(
             if data_service is not None:
                 stream += tf.strings.to_hash_bucket_fast(name, 2**40)
             example_seed = tf.stack([stream, index * pipelines + pipeline_id])
-            window = _crop.random_window(shape, example_seed)
+            window = _crop.random_window(
+                shape, example_seed, area_range=crop_area_range
+            )
         else:
             window = _crop.center_window(shape, central_fraction=central_fraction)
         image = _crop.decode_window(
@@ -292,6 +300,18 @@ def image_pipeline(
     if prefetch:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return dataset.with_options(options)
+
+
+def _check_area_range(crop_area_range):
+    try:
+        low, high = (float(value) for value in crop_area_range)
+    except (TypeError, ValueError):
+        low = high = float("nan")
+    if not 0 < low <= high <= 1:
+        raise ValueError(
+            "`crop_area_range` must be two fractions `(low, high)` with "
+            f"0 < low <= high <= 1. Received: crop_area_range={crop_area_range!r}."
+        )
 
 
 def _check_skipped(skipped, on_error, data_service):

@@ -131,6 +131,27 @@ def test_random_windows_stay_inside_the_image_and_follow_the_seed():
     )
 
 
+def test_whole_image_crops_equal_the_evaluation_images(shards):
+    # crop_area_range=(1, 1) and no flips: training augments nothing, so each
+    # image equals its one-pass evaluation image with a full-size center crop.
+    common = {"batch_size": N, "image_size": 24, "seed": 3, "deterministic": True}
+    train_images, train_labels = next(
+        iter(
+            image_pipeline(
+                shards, training=True, crop_area_range=(1.0, 1.0), flip=False, **common
+            )
+        )
+    )
+    eval_images, eval_labels = next(
+        iter(image_pipeline(shards, training=False, central_fraction=1.0, **common))
+    )
+    assert not np.array_equal(train_labels.numpy(), eval_labels.numpy())  # shuffled
+    np.testing.assert_array_equal(
+        train_images.numpy()[np.argsort(train_labels.numpy())],
+        eval_images.numpy()[np.argsort(eval_labels.numpy())],
+    )
+
+
 def test_png_records_and_an_image_folder(tmp_path):
     images, _ = digit_images(12, 20)
     write_image_tfrecords(images, np.arange(12), str(tmp_path / "png"), 2, "png")
@@ -197,6 +218,8 @@ def test_fewer_files_than_input_pipelines_names_the_counts(shards):
         ({"on_error": "ignore"}, "on_error"),
         ({"central_fraction": 0.0}, "central_fraction"),
         ({"num_parallel_calls": 0}, "num_parallel_calls"),
+        ({"crop_area_range": (0.5, 0.2)}, r"crop_area_range=\(0.5, 0.2\)"),
+        ({"crop_area_range": 1.0}, "crop_area_range=1.0"),
     ],
 )
 def test_bad_arguments(shards, kwargs, match):
