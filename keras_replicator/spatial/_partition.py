@@ -39,6 +39,37 @@ class SpatialModel(keras.Model):
         self.groups = groups
         self.tiled_outputs = any(len(o.shape) == 4 for o in self.outputs)
 
+    def tile_dataset(self, x, y=None, sample_weight=None, batch_size=None):
+        """Whole-image global batches rearranged for the replicas, for custom loops.
+
+        What `fit` feeds the strategy: distribute the result with
+        `strategy.experimental_distribute_dataset` and each replica receives its
+        tile of its group's images (targets repeated, or tiled for image-shaped
+        outputs). Then call the model inside `strategy.run_steps`.
+
+        Args:
+            x: Whole images `[n, height, width, channels]`, or a batched
+                `tf.data.Dataset` of whole-image batches (with their targets).
+            y: Targets for array `x`. Defaults to `None`.
+            sample_weight: Sample weights for array `x`. Defaults to `None`.
+            batch_size: Global batch, in images, for array `x`. Defaults to 32.
+
+        Returns:
+            A batched `tf.data.Dataset` of `parts` times as many rows of height
+            `height / parts`.
+
+        Example:
+        >>> import keras, numpy as np, keras_replicator as kr
+        >>> strategy = kr.MultiDeviceReplicator(num_replicas=2)
+        >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(
+        ...     2, 3, padding="same"), keras.layers.GlobalAveragePooling2D()])
+        >>> spatial = kr.spatial.partition(model, 2, strategy=strategy)
+        >>> tiles = spatial.tile_dataset(np.zeros((4, 8, 8, 1)), batch_size=4)
+        >>> tiles.element_spec.shape.as_list()
+        [None, 4, 8, 1]
+        """
+        return self._tiles(x, y, sample_weight, batch_size)
+
     def _tiles(self, x, y=None, sample_weight=None, batch_size=None, shuffle=False):
         dataset = _images.as_dataset(x, y, sample_weight, batch_size, shuffle)
         return _images.to_tiles(dataset, self.parts, self.groups, self.tiled_outputs)

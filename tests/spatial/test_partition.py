@@ -92,6 +92,18 @@ def test_five_fit_steps_give_the_weights_of_one_device(
     assert max_difference(plain.get_weights(), conv_net(batch_norm).get_weights()) > 0
 
 
+def test_five_float32_fit_steps_stay_within_1e_5_of_one_device(strategies):
+    # float32: the tiles sum in another order than the whole image, so the
+    # weights agree to float32 rounding, not bit for bit.
+    x, y = data()
+    plain = compile_sgd(conv_net("sync_all"))
+    spatial = kr.spatial.partition(plain, 2, strategy=strategies[4])
+    spatial.fit(x.astype("float32"), y, batch_size=BATCH, shuffle=False, verbose=0)
+    plain.fit(x.astype("float32"), y, batch_size=BATCH, shuffle=False, verbose=0)
+    assert spatial.get_weights()[0].dtype == np.float32
+    assert max_difference(plain.get_weights(), spatial.get_weights()) < 1e-5
+
+
 @pytest.mark.slow
 def test_evaluate_and_predict_take_whole_images(float64, strategies):
     x, y = data(16)
