@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from keras_replicator._arguments import check_int
-from keras_replicator.spatial import _clone, _images
+from keras_replicator.spatial import _clone, _images, _saving
 
 
 class SpatialModel(keras.Model):
@@ -38,6 +38,44 @@ class SpatialModel(keras.Model):
         self.parts = parts
         self.groups = groups
         self.tiled_outputs = any(len(o.shape) == 4 for o in self.outputs)
+        self.__dict__["_unpartitioned_model"] = None  # set by `partition`, untracked
+
+    def unpartitioned(self) -> keras.Model:
+        """The original model, with this model's weights and optimizer state.
+
+        What `save` and `save_weights` write: it runs on whole images on one
+        device, and `kr.spatial.partition` of it (or of a model loaded from its
+        file) continues training exactly.
+
+        Example:
+        >>> import keras, keras_replicator as kr
+        >>> strategy = kr.MultiDeviceReplicator(num_replicas=2)
+        >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(
+        ...     2, 3, padding="same"), keras.layers.GlobalAveragePooling2D()])
+        >>> spatial = kr.spatial.partition(model, 2, strategy=strategy)
+        >>> spatial.unpartitioned().input_shape
+        (None, 8, 8, 1)
+        """
+        model = self.__dict__["_unpartitioned_model"]
+        model.set_weights(self.get_weights())
+        _saving.copy_optimizer_state(self, model)
+        return model
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Saves `unpartitioned()` (see `keras.Model.save`): loadable anywhere."""
+        return self.unpartitioned().save(filepath, overwrite=overwrite, **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Saves `unpartitioned()`'s weights, which the original model loads."""
+        return self.unpartitioned().save_weights(
+            filepath, overwrite=overwrite, **kwargs
+        )
+
+    def load_weights(self, filepath, **kwargs):
+        """Loads weights saved by `save_weights` or by the unpartitioned model."""
+        model = self.__dict__["_unpartitioned_model"]
+        model.load_weights(filepath, **kwargs)
+        self.set_weights(model.get_weights())
 
     def tile_dataset(self, x, y=None, sample_weight=None, batch_size=None):
         """Whole-image global batches rearranged for the replicas, for custom loops.
@@ -135,9 +173,11 @@ def partition(
     Args:
         model: A Sequential or functional Keras model with one image input
             `(height, width, channels)` (channels last), with its weights. If it
-            is compiled, the result is compiled the same way (with a fresh
-            optimizer and `jit_compile=False`: the halo collectives cannot be
-            compiled by XLA here).
+            is compiled, the result is compiled the same way (with an optimizer
+            of its own, holding `model`'s optimizer state if it has one, e.g.
+            after `keras.models.load_model`; and `jit_compile=False`: the halo
+            collectives cannot be compiled by XLA here). The result's `save`
+            writes `model` with the trained weights (`SpatialModel.unpartitioned`).
         parts: Replicas (tiles) per image; must divide the number of replicas.
         axis: The axis to split. Only `"height"` is supported. Defaults to
             `"height"`.
@@ -204,10 +244,12 @@ def partition(
             name=model.name,
         )
         result.set_weights(model.get_weights())
+        result.__dict__["_unpartitioned_model"] = model
         if model.compiled:
             config = model.get_compile_config()
             config["jit_compile"] = False
             result.compile_from_config(config)
+            _saving.copy_optimizer_state(model, result)
     return result
 
 

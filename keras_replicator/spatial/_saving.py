@@ -1,0 +1,48 @@
+"""Saving a partitioned model as the model the user wrote.
+
+A `SpatialModel` is an execution plan: its layers exchange halo rows with other
+replicas and cannot run on whole images, so a `.keras` file of it would load
+nowhere useful (and Keras cannot rebuild it without the strategy). Saving therefore
+writes the *unpartitioned* model, with the partitioned model's current weights and
+optimizer state: `keras.models.load_model` gives a model that runs on one device,
+and `kr.spatial.partition` of the loaded model continues training where it stopped
+(the optimizer state is carried over in both directions). Both models list their
+weights and optimizer variables in the same order (`partition` clones the layers
+one for one), which is what the copies rely on; a mismatch is an error, never a
+silent partial copy.
+"""
+
+from __future__ import annotations
+
+
+def copy_optimizer_state(source, target) -> None:
+    """Gives `target.optimizer` the variable values of `source.optimizer`.
+
+    Does nothing if `source` has no built optimizer or `target` is not compiled.
+    `target`'s optimizer is built on its trainable variables first if needed.
+
+    Raises:
+        ValueError: if the two optimizers' variables do not correspond.
+    """
+    if not _has_built_optimizer(source) or getattr(target, "optimizer", None) is None:
+        return
+    if not target.optimizer.built:
+        target.optimizer.build(target.trainable_variables)
+    values = [variable.numpy() for variable in source.optimizer.variables]
+    variables = target.optimizer.variables
+    shapes = [tuple(v.shape) for v in values]
+    if shapes != [tuple(v.shape) for v in variables]:
+        raise ValueError(
+            f"The optimizer state of `{source.name}` ({len(values)} variables) does "
+            f"not match the optimizer of `{target.name}` ({len(variables)} "
+            f"variables). Received shapes {shapes[:6]}... and "
+            f"{[tuple(v.shape) for v in variables][:6]}.... Compile both with the "
+            "same optimizer."
+        )
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def _has_built_optimizer(model) -> bool:
+    optimizer = getattr(model, "optimizer", None)
+    return optimizer is not None and optimizer.built

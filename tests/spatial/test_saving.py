@@ -1,0 +1,56 @@
+"""Saving a partitioned model writes the model the user wrote; resuming is exact."""
+
+import keras
+import numpy as np
+
+import keras_replicator as kr
+from tests.spatial.test_partition import (
+    BATCH,
+    compile_sgd,
+    conv_net,
+    data,
+    float64,  # noqa: F401 (fixture)
+    max_difference,
+)
+
+
+def test_save_load_and_continue_equals_an_uninterrupted_run(float64, tmp_path):  # noqa: F811
+    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    x, y = data(5 * BATCH)
+    first, rest = (x[: 2 * BATCH], y[: 2 * BATCH]), (x[2 * BATCH :], y[2 * BATCH :])
+    uninterrupted = compile_sgd(conv_net())
+    uninterrupted.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+
+    spatial = kr.spatial.partition(compile_sgd(conv_net()), 2, strategy=strategy)
+    spatial.fit(*first, batch_size=BATCH, shuffle=False, verbose=0)
+    spatial.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert not isinstance(loaded, kr.spatial.SpatialModel)
+    assert max_difference(loaded.get_weights(), spatial.get_weights()) == 0
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), spatial.predict(x, verbose=0), atol=1e-12
+    )
+
+    # Momentum carries over: without the optimizer state the weights would differ.
+    resumed = kr.spatial.partition(loaded, 2, strategy=strategy)
+    resumed.fit(*rest, batch_size=BATCH, shuffle=False, verbose=0)
+    assert max_difference(resumed.get_weights(), uninterrupted.get_weights()) < 1e-10
+    fresh = kr.spatial.partition(compile_sgd(conv_net()), 2, strategy=strategy)
+    fresh.set_weights(loaded.get_weights())
+    fresh.fit(*rest, batch_size=BATCH, shuffle=False, verbose=0)
+    assert max_difference(fresh.get_weights(), uninterrupted.get_weights()) > 1e-6
+
+
+def test_weights_files_are_the_unpartitioned_models(float64, tmp_path):  # noqa: F811
+    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    x, y = data(2 * BATCH)
+    spatial = kr.spatial.partition(compile_sgd(conv_net()), 2, strategy=strategy)
+    spatial.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    spatial.save_weights(tmp_path / "m.weights.h5")
+    plain = conv_net(seed=7)
+    plain.load_weights(tmp_path / "m.weights.h5")
+    assert max_difference(plain.get_weights(), spatial.get_weights()) == 0
+
+    other = kr.spatial.partition(conv_net(seed=8), 2, strategy=strategy)
+    other.load_weights(tmp_path / "m.weights.h5")
+    assert max_difference(other.get_weights(), spatial.get_weights()) == 0
