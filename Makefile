@@ -43,6 +43,9 @@ bench: install
 	$(PY) benchmarks/step_overhead.py --png benchmarks/step_overhead.png
 	$(PY) benchmarks/cross_replica_metrics_overhead.py
 	$(PY) benchmarks/large_batch.py
+	$(PY) benchmarks/large_batch_optimizers.py
+	$(PY) benchmarks/spatial.py
+	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/pipeline.py
 	$(PY) benchmarks/allreduce.py --fit
 	$(PY) benchmarks/async_ps.py

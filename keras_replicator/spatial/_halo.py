@@ -58,15 +58,32 @@ def extend(
     Returns:
         `[batch, plan.length, padded_width, channels]`.
     """
+    return assemble(x, *exchange(x, plan, parts, fill), plan, width_window, parts, fill)
+
+
+def exchange(x: tf.Tensor, plan: _geometry.Halo, parts: int, fill: float = 0.0):
+    """`(rows above, rows below)` of `x`'s tile for `plan`, or `(None, None)`."""
+    if not (plan.top or plan.bottom):
+        return None, None
+    return _exchange(x, plan.top, plan.bottom, parts, position(parts), fill)
+
+
+def assemble(
+    x: tf.Tensor,
+    above: tf.Tensor | None,
+    below: tf.Tensor | None,
+    plan: _geometry.Halo,
+    width_window: _geometry.Window,
+    parts: int,
+    fill: float = 0.0,
+) -> tf.Tensor:
+    """`extend` after the exchange: concatenate, slice, pad (no collective)."""
     p = position(parts)
-    pieces = [x]
-    if plan.top or plan.bottom:
-        above, below = _exchange(x, plan.top, plan.bottom, parts, p, fill)
-        pieces = [above, x, below]
-    extended = tf.concat(pieces, axis=1) if len(pieces) > 1 else x
+    extended = x if above is None else tf.concat([above, x, below], axis=1)
     if plan.uniform:
         start = plan.offsets[0]
-        extended = extended[:, start : start + plan.length]
+        if start or plan.length != extended.shape[1]:
+            extended = extended[:, start : start + plan.length]
     else:
         start = tf.gather(tf.constant(plan.offsets, tf.int32), p)
         extended = tf.slice(extended, [0, start, 0, 0], [-1, plan.length, -1, -1])

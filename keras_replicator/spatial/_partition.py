@@ -72,10 +72,13 @@ class SpatialModel(keras.Model):
         )
 
     def load_weights(self, filepath, **kwargs):
-        """Loads weights saved by `save_weights` or by the unpartitioned model."""
+        """Loads weights (and optimizer state) saved by either model."""
         model = self.__dict__["_unpartitioned_model"]
+        if model.compiled and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
         model.load_weights(filepath, **kwargs)
         self.set_weights(model.get_weights())
+        _saving.copy_optimizer_state(model, self)
 
     def tile_dataset(self, x, y=None, sample_weight=None, batch_size=None):
         """Whole-image global batches rearranged for the replicas, for custom loops.

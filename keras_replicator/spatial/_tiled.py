@@ -12,7 +12,7 @@ matters because MirroredStrategy traces the replicas in concurrent threads.
 from __future__ import annotations
 
 from keras_replicator._arguments import check_int
-from keras_replicator.spatial import _geometry, _halo
+from keras_replicator.spatial import _geometry, _halo, _recompute
 
 
 def check_parts(layer, parts: int) -> None:
@@ -43,7 +43,24 @@ class TiledMixin:
         self.padding = "valid"
 
     def call(self, inputs):
-        return self._parent_call(self._extend(inputs))
+        if self.compute_dtype != self.variable_dtype:  # see `_recompute`
+            return self._parent_call(self._extend(inputs))
+        plan = self._plan(inputs.shape[1])
+        halos = [
+            h
+            for h in _halo.exchange(inputs, plan, self.parts, self._fill)
+            if h is not None
+        ]
+
+        def assemble(tile, *received):
+            above, below = received if received else (None, None)
+            return _halo.assemble(
+                tile, above, below, plan, self._windows()[1], self.parts, self._fill
+            )
+
+        return _recompute.without_keeping_input(
+            self._parent_call, assemble, inputs, halos
+        )
 
     def _parent_call(self, inputs):
         """The Keras parent's `call` (the window op) on an already extended tile."""

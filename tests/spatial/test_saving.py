@@ -43,14 +43,24 @@ def test_save_load_and_continue_equals_an_uninterrupted_run(float64, tmp_path): 
 
 def test_weights_files_are_the_unpartitioned_models(float64, tmp_path):  # noqa: F811
     strategy = kr.MultiDeviceReplicator(num_replicas=2)
-    x, y = data(2 * BATCH)
+    x, y = data(4 * BATCH)
+    uninterrupted = compile_sgd(conv_net())
+    uninterrupted.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     spatial = kr.spatial.partition(compile_sgd(conv_net()), 2, strategy=strategy)
-    spatial.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    spatial.fit(
+        x[: 2 * BATCH], y[: 2 * BATCH], batch_size=BATCH, shuffle=False, verbose=0
+    )
     spatial.save_weights(tmp_path / "m.weights.h5")
     plain = conv_net(seed=7)
     plain.load_weights(tmp_path / "m.weights.h5")
     assert max_difference(plain.get_weights(), spatial.get_weights()) == 0
 
-    other = kr.spatial.partition(conv_net(seed=8), 2, strategy=strategy)
+    # What BackupAndRestore does: load_weights into a fresh partitioned model, and
+    # continue with the saved momentum.
+    other = kr.spatial.partition(compile_sgd(conv_net(seed=8)), 2, strategy=strategy)
     other.load_weights(tmp_path / "m.weights.h5")
     assert max_difference(other.get_weights(), spatial.get_weights()) == 0
+    other.fit(
+        x[2 * BATCH :], y[2 * BATCH :], batch_size=BATCH, shuffle=False, verbose=0
+    )
+    assert max_difference(other.get_weights(), uninterrupted.get_weights()) < 1e-10
