@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 import keras_replicator as kr
 from tests.spatial.test_partition import (
@@ -14,6 +15,7 @@ from tests.spatial.test_partition import (
 )
 
 
+@pytest.mark.slow  # ~20 s; the weights-file test below resumes in the default run
 def test_save_load_and_continue_equals_an_uninterrupted_run(float64, tmp_path):  # noqa: F811
     strategy = kr.MultiDeviceReplicator(num_replicas=2)
     x, y = data(5 * BATCH)
