@@ -126,6 +126,9 @@ def _gather_rows(function_name: str, x) -> tf.Tensor:
         return tf.expand_dims(x, 0)
     if x.dtype == tf.bool:
         return tf.cast(_gather_rows(function_name, tf.cast(x, tf.int32)), tf.bool)
+    if x.dtype == tf.bfloat16:  # no bfloat16 kernel for gathers; float32 is exact
+        wide = _gather_rows(function_name, tf.cast(x, tf.float32))
+        return tf.cast(wide, tf.bfloat16)
     return _native(
         function_name, lambda: context.all_gather(tf.expand_dims(x, 0), axis=0)
     )

@@ -63,6 +63,13 @@ CASES = {
         lambda i: replica.all_to_all(tf.range(2.0) + 10 * i, group_size=2),
         [[0, 10], [1, 11], [20, 30], [21, 31]],
     ),
+    "all_gather_bfloat16_g2": (  # travels as float32 (no bfloat16 gather kernel)
+        lambda i: tf.cast(
+            replica.all_gather(tf.cast([i + 0.5], tf.bfloat16), group_size=2),
+            tf.float32,
+        ),
+        [[0.5, 1.5], [0.5, 1.5], [2.5, 3.5], [2.5, 3.5]],
+    ),
     "permute": (lambda i: replica.permute(i), [3, 0, 1, 2]),
     "permute_shift2": (lambda i: replica.permute(i, shift=2), [2, 3, 0, 1]),
     "permute_g2": (lambda i: replica.permute(i, group_size=2), [1, 0, 3, 2]),

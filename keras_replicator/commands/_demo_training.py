@@ -52,12 +52,17 @@ def batches(data, args, training, dtype="float32"):
     demo's images are small and centered, so training keeps whole images
     (`crop_area_range=(1, 1)`, no flips) and evaluation uses no center crop; order
     is deterministic so every run sees the same global batches. An image folder's
-    train/test split exists only in the loader, so its tensors are batched here.
+    train/test split exists only in the loader, and non-square images would be
+    squashed in training but center-cropped in evaluation, so those are batched
+    here from the loader's tensors.
     """
     import tensorflow as tf
 
     height, width, channels = data.image_shape
-    if data.pipeline_source is not None and height == width and channels in (1, 3):
+    stored = data.stored_image_shape or (None, None)
+    # Whole-image crops and a full "center crop" agree only for square images.
+    square = stored[0] is not None and stored[0] == stored[1] and height == width
+    if data.pipeline_source is not None and square and channels in (1, 3):
         from keras_replicator.data import image_pipeline
 
         dataset = image_pipeline(

@@ -38,6 +38,8 @@ class ImageClassificationData:
         pipeline_source: What `kr.data.image_pipeline` reads the same data from
             (the prepared TFDS directory), or `None` (an image folder: its
             train/test split exists only here).
+        stored_image_shape: The images' shape as stored before resizing
+            (`None` for a side that varies), or `None` if unknown.
     """
 
     train: tf.data.Dataset
@@ -48,6 +50,7 @@ class ImageClassificationData:
     test_size: int
     description: str
     pipeline_source: str | None = None
+    stored_image_shape: tuple | None = None
 
 
 def load_image_classification(
@@ -155,6 +158,7 @@ def _from_tfds(builder, image_size, description) -> ImageClassificationData:
         test_size=splits[test_split].num_examples,
         description=description,
         pipeline_source=os.fspath(builder.data_dir),
+        stored_image_shape=shape,
     )
 
 

@@ -61,6 +61,17 @@ def extend(
     return assemble(x, *exchange(x, plan, parts, fill), plan, width_window, parts, fill)
 
 
+def is_identity(plan: _geometry.Halo, width_window: _geometry.Window, shape) -> bool:
+    """Whether `extend` would return the tile unchanged (no halo, no padding)."""
+    return (
+        not (plan.top or plan.bottom)
+        and plan.uniform
+        and plan.offsets[0] == 0
+        and plan.length == shape[1]
+        and width_window.pads(shape[2]) == (0, 0)
+    )
+
+
 def exchange(x: tf.Tensor, plan: _geometry.Halo, parts: int, fill: float = 0.0):
     """`(rows above, rows below)` of `x`'s tile for `plan`, or `(None, None)`."""
     if not (plan.top or plan.bottom):

@@ -45,7 +45,12 @@ class SpatialModel(keras.Model):
 
         What `save` and `save_weights` write: it runs on whole images on one
         device, and `kr.spatial.partition` of it (or of a model loaded from its
-        file) continues training exactly.
+        file) continues training exactly. The model given to `partition` is
+        updated in place (weights, and compiled like this model if it was not),
+        so callbacks that save (`ModelCheckpoint`) update it too.
+
+        Raises:
+            ValueError: for a `SpatialModel` not made by `kr.spatial.partition`.
 
         Example:
         >>> import keras, keras_replicator as kr
@@ -56,8 +61,9 @@ class SpatialModel(keras.Model):
         >>> spatial.unpartitioned().input_shape
         (None, 8, 8, 1)
         """
-        model = self.__dict__["_unpartitioned_model"]
+        model = self._original()
         model.set_weights(self.get_weights())
+        _saving.compile_like(self, model)
         _saving.copy_optimizer_state(self, model)
         return model
 
@@ -73,12 +79,22 @@ class SpatialModel(keras.Model):
 
     def load_weights(self, filepath, **kwargs):
         """Loads weights (and optimizer state) saved by either model."""
-        model = self.__dict__["_unpartitioned_model"]
-        if model.compiled and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        model = self._original()
+        _saving.compile_like(self, model)
         model.load_weights(filepath, **kwargs)
         self.set_weights(model.get_weights())
         _saving.copy_optimizer_state(model, self)
+
+    def _original(self) -> keras.Model:
+        model = self.__dict__["_unpartitioned_model"]
+        if model is None:
+            raise ValueError(
+                "Saving and loading need the model that was partitioned, which only "
+                "`kr.spatial.partition` records. Received: a SpatialModel "
+                f"`{self.name}` built directly. Make it with "
+                "`kr.spatial.partition(model, parts)`."
+            )
+        return model
 
     def tile_dataset(self, x, y=None, sample_weight=None, batch_size=None):
         """Whole-image global batches rearranged for the replicas, for custom loops.

@@ -15,6 +15,33 @@ silent partial copy.
 from __future__ import annotations
 
 
+def compile_like(source, target) -> None:
+    """Compiles `target` like `source` unless it already is; builds its optimizer.
+
+    Without it, a partitioned model compiled after `partition` (or recompiled
+    with another optimizer) would save the original model's optimizer state,
+    or none. `jit_compile` is not compared: the partitioned model never uses
+    XLA, and the original keeps its own setting.
+    """
+    if not source.compiled:
+        return
+    wanted = _without_jit(source.get_compile_config())
+    if not target.compiled or _without_jit(target.get_compile_config()) != wanted:
+        config = dict(source.get_compile_config())
+        config["jit_compile"] = (
+            target.get_compile_config().get("jit_compile", "auto")
+            if target.compiled
+            else "auto"
+        )
+        target.compile_from_config(config)
+    if not target.optimizer.built:
+        target.optimizer.build(target.trainable_variables)
+
+
+def _without_jit(config):
+    return {k: v for k, v in config.items() if k != "jit_compile"}
+
+
 def copy_optimizer_state(source, target) -> None:
     """Gives `target.optimizer` the variable values of `source.optimizer`.
 

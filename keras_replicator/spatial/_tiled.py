@@ -43,19 +43,19 @@ class TiledMixin:
         self.padding = "valid"
 
     def call(self, inputs):
+        plan = self._plan(inputs.shape[1])
+        width_window = self._windows()[1]
+        if _halo.is_identity(plan, width_window, inputs.shape):
+            return self._parent_call(inputs)  # no halo, no padding: nothing to keep
         if self.compute_dtype != self.variable_dtype:  # see `_recompute`
             return self._parent_call(self._extend(inputs))
-        plan = self._plan(inputs.shape[1])
-        halos = [
-            h
-            for h in _halo.exchange(inputs, plan, self.parts, self._fill)
-            if h is not None
-        ]
+        received = _halo.exchange(inputs, plan, self.parts, self._fill)
+        halos = [h for h in received if h is not None]
 
-        def assemble(tile, *received):
-            above, below = received if received else (None, None)
+        def assemble(tile, *halos):
+            above, below = halos if halos else (None, None)
             return _halo.assemble(
-                tile, above, below, plan, self._windows()[1], self.parts, self._fill
+                tile, above, below, plan, width_window, self.parts, self._fill
             )
 
         return _recompute.without_keeping_input(

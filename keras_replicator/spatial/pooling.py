@@ -66,7 +66,7 @@ class HaloAveragePooling2D(_PoolingMixin, keras.layers.AveragePooling2D):
     """
 
     def call(self, inputs):
-        pooled = self._parent_call(self._extend(inputs))
+        pooled = super().call(inputs)  # the window sums, memory-lean (`_recompute`)
         if self.tile_padding != "same":
             return pooled
         rows, width = inputs.shape[1], inputs.shape[2]

@@ -104,6 +104,26 @@ def test_five_float32_fit_steps_stay_within_1e_5_of_one_device(strategies):
     assert max_difference(plain.get_weights(), spatial.get_weights()) < 1e-5
 
 
+@pytest.mark.parametrize("mixed", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_layers_train_on_the_plain_path(strategies, mixed):
+    # Mixed precision: the halo layers keep their extended tile (Keras casts
+    # variables only inside `__call__`, see `_recompute`); a step must still run
+    # (bfloat16 halo rows travel as float32: gathers have no bfloat16 kernel) and
+    # track one device to 16-bit rounding.
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(mixed)
+    try:
+        x, y = data(BATCH)
+        plain = compile_sgd(conv_net("sync_all"))
+        spatial = kr.spatial.partition(plain, 2, strategy=strategies[2])
+        spatial.fit(x.astype("float32"), y, batch_size=BATCH, shuffle=False, verbose=0)
+        plain.fit(x.astype("float32"), y, batch_size=BATCH, shuffle=False, verbose=0)
+    finally:
+        keras.config.set_dtype_policy(policy)
+    assert spatial.layers[1].compute_dtype == mixed.split("_")[1]
+    assert max_difference(plain.get_weights(), spatial.get_weights()) < 2e-2
+
+
 @pytest.mark.slow
 def test_evaluate_and_predict_take_whole_images(float64, strategies):
     x, y = data(16)

@@ -66,3 +66,39 @@ def test_weights_files_are_the_unpartitioned_models(float64, tmp_path):  # noqa:
         x[2 * BATCH :], y[2 * BATCH :], batch_size=BATCH, shuffle=False, verbose=0
     )
     assert max_difference(other.get_weights(), uninterrupted.get_weights()) < 1e-10
+
+
+def test_a_model_compiled_after_partition_saves_its_optimizer(float64, tmp_path):  # noqa: F811
+    # The original is not compiled: saving compiles it like the partitioned model,
+    # so the momentum is saved and a ModelCheckpoint file resumes exactly.
+    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    x, y = data(4 * BATCH)
+    uninterrupted = compile_sgd(conv_net())
+    uninterrupted.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    spatial = kr.spatial.partition(conv_net(), 2, strategy=strategy)
+    with strategy.scope():
+        compile_sgd(spatial)
+    checkpoint = keras.callbacks.ModelCheckpoint(tmp_path / "m.keras")
+    spatial.fit(
+        x[: 2 * BATCH],
+        y[: 2 * BATCH],
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[checkpoint],
+    )
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert loaded.compiled and int(loaded.optimizer.iterations) == 2
+    resumed = kr.spatial.partition(loaded, 2, strategy=strategy)
+    resumed.fit(
+        x[2 * BATCH :], y[2 * BATCH :], batch_size=BATCH, shuffle=False, verbose=0
+    )
+    assert max_difference(resumed.get_weights(), uninterrupted.get_weights()) < 1e-10
+
+
+def test_a_spatial_model_built_directly_cannot_save(tmp_path):
+    inputs = keras.Input((4, 4, 1))
+    outputs = kr.spatial.GroupGlobalAveragePooling2D(parts=1)(inputs)
+    model = kr.spatial.SpatialModel(inputs, outputs, parts=1, groups=1)
+    with pytest.raises(ValueError, match="only `kr.spatial.partition` records"):
+        model.save(tmp_path / "m.keras")
