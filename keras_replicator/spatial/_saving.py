@@ -25,9 +25,9 @@ def compile_like(source, target) -> None:
     """
     if not source.compiled:
         return
-    wanted = _without_jit(source.get_compile_config())
+    config = dict(source.get_compile_config())
+    wanted = _without_jit(config)
     if not target.compiled or _without_jit(target.get_compile_config()) != wanted:
-        config = dict(source.get_compile_config())
         config["jit_compile"] = (
             target.get_compile_config().get("jit_compile", "auto")
             if target.compiled

@@ -6,6 +6,13 @@ import tensorflow as tf
 
 from keras_replicator.spatial import _geometry
 
+# (replicas, parts) of the layer tests: 2 groups of 2 in the fast run; 2 and 4
+# tiles of one image in the slow run.
+LAYOUTS = [
+    pytest.param(2, 2, marks=pytest.mark.slow),
+    (4, 2),
+    pytest.param(4, 4, marks=pytest.mark.slow),
+]
 IMAGES_PER_GROUP = 2
 WIDTH = 7
 CHANNELS = 3

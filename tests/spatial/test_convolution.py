@@ -24,18 +24,6 @@ CASES = [
     ("SeparableConv2D", dict(filters=4, kernel_size=3, strides=2, padding="same")),
     ("SeparableConv2D", dict(filters=4, kernel_size=3, dilation_rate=2)),
 ]
-# (replicas, parts): 2 groups of 2 in the fast run; 2 and 4 tiles of one image in
-# the slow run.
-LAYOUTS = [
-    pytest.param(2, 2, marks=pytest.mark.slow),
-    (4, 2),
-    pytest.param(4, 4, marks=pytest.mark.slow),
-]
-
-
-@pytest.fixture(scope="module")
-def strategies():
-    return {n: kr.MultiDeviceReplicator(num_replicas=n) for n in (2, 4)}
 
 
 def _window(kwargs):
@@ -67,7 +55,7 @@ def check_layer(strategies, name, kwargs, replicas, parts, halo_cls, **extra):
     return out, dx, dw, t_out, t_dx, t_dw, groups
 
 
-@pytest.mark.parametrize("replicas,parts", LAYOUTS)
+@pytest.mark.parametrize("replicas,parts", _tiles.LAYOUTS)
 @pytest.mark.parametrize("name,kwargs", CASES, ids=lambda c: str(c))
 def test_forward_and_gradients_equal_the_whole_image(
     strategies, name, kwargs, replicas, parts

@@ -11,21 +11,6 @@ HEIGHT, WIDTH = 16, 6
 STEPS, BATCH = 5, 8
 
 
-@pytest.fixture
-def float64():
-    floatx, policy = keras.backend.floatx(), keras.config.dtype_policy()
-    keras.backend.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.backend.set_floatx(floatx)
-    keras.config.set_dtype_policy(policy)
-
-
-@pytest.fixture(scope="module")
-def strategies():
-    return {n: kr.MultiDeviceReplicator(num_replicas=n) for n in (2, 4)}
-
-
 def conv_net(batch_norm="plain", seed=1):
     """Every partitionable layer kind, then global pooling and a dense head."""
     keras.utils.set_random_seed(seed)

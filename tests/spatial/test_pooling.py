@@ -15,18 +15,6 @@ CASES = [
     ("AveragePooling2D", dict(pool_size=3, strides=2, padding="same")),
     ("AveragePooling2D", dict(pool_size=(3, 2), strides=1, padding="valid")),
 ]
-# (replicas, parts): 2 groups of 2 in the fast run; 2 and 4 tiles of one image in
-# the slow run.
-LAYOUTS = [
-    pytest.param(2, 2, marks=pytest.mark.slow),
-    (4, 2),
-    pytest.param(4, 4, marks=pytest.mark.slow),
-]
-
-
-@pytest.fixture(scope="module")
-def strategies():
-    return {n: kr.MultiDeviceReplicator(num_replicas=n) for n in (2, 4)}
 
 
 def _as_kernel(kwargs):
@@ -35,7 +23,7 @@ def _as_kernel(kwargs):
     return {"kernel_size": pool, **kwargs}
 
 
-@pytest.mark.parametrize("replicas,parts", LAYOUTS)
+@pytest.mark.parametrize("replicas,parts", _tiles.LAYOUTS)
 @pytest.mark.parametrize("name,kwargs", CASES, ids=lambda c: str(c))
 def test_windowed_pooling_equals_the_whole_image(
     strategies, name, kwargs, replicas, parts, monkeypatch
@@ -60,7 +48,7 @@ def _window(kwargs):
     return _geometry.Window(pool, strides, kwargs["padding"])
 
 
-@pytest.mark.parametrize("replicas,parts", LAYOUTS)
+@pytest.mark.parametrize("replicas,parts", _tiles.LAYOUTS)
 @pytest.mark.parametrize("name", ["GlobalAveragePooling2D", "GlobalMaxPooling2D"])
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_global_pooling_is_a_group_reduction(

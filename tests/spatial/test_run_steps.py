@@ -10,16 +10,15 @@ from tests.spatial.test_partition import (
     compile_sgd,
     conv_net,
     data,
-    float64,  # noqa: F401 (fixture)
     max_difference,
 )
 
 
-def test_run_steps_on_tiles_gives_the_weights_of_one_device(float64):  # noqa: F811
+def test_run_steps_on_tiles_gives_the_weights_of_one_device(float64, strategies):
     x, y = data()
     steps = len(x) // BATCH
     plain = compile_sgd(conv_net("plain"))
-    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    strategy = strategies[2]
     spatial = kr.spatial.partition(plain, 2, strategy=strategy)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

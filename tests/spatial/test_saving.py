@@ -10,14 +10,15 @@ from tests.spatial.test_partition import (
     compile_sgd,
     conv_net,
     data,
-    float64,  # noqa: F401 (fixture)
     max_difference,
 )
 
 
 @pytest.mark.slow  # ~20 s; the weights-file test below resumes in the default run
-def test_save_load_and_continue_equals_an_uninterrupted_run(float64, tmp_path):  # noqa: F811
-    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+def test_save_load_and_continue_equals_an_uninterrupted_run(
+    float64, strategies, tmp_path
+):
+    strategy = strategies[2]
     x, y = data(5 * BATCH)
     first, rest = (x[: 2 * BATCH], y[: 2 * BATCH]), (x[2 * BATCH :], y[2 * BATCH :])
     uninterrupted = compile_sgd(conv_net())
@@ -43,8 +44,8 @@ def test_save_load_and_continue_equals_an_uninterrupted_run(float64, tmp_path): 
     assert max_difference(fresh.get_weights(), uninterrupted.get_weights()) > 1e-6
 
 
-def test_weights_files_are_the_unpartitioned_models(float64, tmp_path):  # noqa: F811
-    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+def test_weights_files_are_the_unpartitioned_models(float64, strategies, tmp_path):
+    strategy = strategies[2]
     x, y = data(4 * BATCH)
     uninterrupted = compile_sgd(conv_net())
     uninterrupted.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
@@ -68,10 +69,12 @@ def test_weights_files_are_the_unpartitioned_models(float64, tmp_path):  # noqa:
     assert max_difference(other.get_weights(), uninterrupted.get_weights()) < 1e-10
 
 
-def test_a_model_compiled_after_partition_saves_its_optimizer(float64, tmp_path):  # noqa: F811
+def test_a_model_compiled_after_partition_saves_its_optimizer(
+    float64, strategies, tmp_path
+):
     # The original is not compiled: saving compiles it like the partitioned model,
     # so the momentum is saved and a ModelCheckpoint file resumes exactly.
-    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    strategy = strategies[2]
     x, y = data(4 * BATCH)
     uninterrupted = compile_sgd(conv_net())
     uninterrupted.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
