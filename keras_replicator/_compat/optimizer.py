@@ -32,6 +32,12 @@ DIGESTS = {
     # Overridden, not patched, by `optimizers/_whole_list.py`, which mirrors its
     # steps (all-reduce, then one merge_call): a change here must be mirrored there.
     "TFOptimizer._backend_update_step": "00bd759c099a6b72",
+    # Replaced under weight-update sharding; the slot naming of the base version
+    # is mirrored by `sharding/_slots.add_piece_slot`.
+    "TFOptimizer.add_variable_from_reference": "fa3499082002f562",
+    "BaseOptimizer.add_variable_from_reference": "00c77a731b5a12c9",
+    "BaseOptimizer.save_own_variables": "5c789905e2679bf5",
+    "BaseOptimizer.load_own_variables": "a6e0c5e7e88c4d33",
 }
 
 #: The private Keras method `optimizers/_whole_list.py` overrides (checked below).
@@ -54,8 +60,20 @@ def _upstream_objects():
         "LossScaleOptimizer.apply": unpatched(
             _loss_scale_optimizer.LossScaleOptimizer.apply
         ),
-        "TFOptimizer._backend_update_step": (
+        "TFOptimizer._backend_update_step": unpatched(
             _tf_optimizer.TFOptimizer._backend_update_step
+        ),
+        "TFOptimizer.add_variable_from_reference": unpatched(
+            _tf_optimizer.TFOptimizer.add_variable_from_reference
+        ),
+        "BaseOptimizer.add_variable_from_reference": unpatched(
+            _base_optimizer.BaseOptimizer.add_variable_from_reference
+        ),
+        "BaseOptimizer.save_own_variables": unpatched(
+            _base_optimizer.BaseOptimizer.save_own_variables
+        ),
+        "BaseOptimizer.load_own_variables": unpatched(
+            _base_optimizer.BaseOptimizer.load_own_variables
         ),
     }
 
@@ -71,6 +89,11 @@ def check_upstream() -> dict[str, str]:
     interim = getattr(tf.__internal__.distribute, "interim", None)
     if not callable(getattr(interim, "maybe_merge_call", None)):
         changed["tf.__internal__.distribute.interim.maybe_merge_call"] = "missing"
+    index = inspect.getsource(_base_optimizer.BaseOptimizer._get_variable_index)
+    if "self._trainable_variables_indices[self._var_key(variable)]" not in index:
+        changed["BaseOptimizer._get_variable_index"] = (
+            "no longer reads `_trainable_variables_indices` (alias_variable)"
+        )
     init = inspect.getsource(_tf_optimizer.TFOptimizer.__init__)
     if "self._distribution_strategy = tf.distribute.get_strategy()" not in init:
         changed["TFOptimizer.__init__"] = "no longer sets `_distribution_strategy`"
@@ -111,6 +134,7 @@ def install(hooks) -> None:
     _patch_gradient_all_reduce(hooks)
     _patch_optimizer_loss_scaling(hooks)
     _patch_lazy_optimizer_build(hooks)
+    _patch_sharded_update(hooks)
 
 
 def optimizer_variable_index(optimizer, variable) -> int:
@@ -141,6 +165,36 @@ def trainable_variables_of(optimizer) -> list:
     when no variables are passed); Keras has no public name for the list.
     """
     return list(optimizer._trainable_variables)
+
+
+def variable_key(optimizer, variable):
+    """The key a Keras optimizer files `variable`'s slots under (`_var_key`)."""
+    return optimizer._var_key(variable)
+
+
+def alias_variable(optimizer, alias, variable) -> None:
+    """Makes `update_step(grad, alias, lr)` use `variable`'s slots.
+
+    Keras finds a variable's slots through `_trainable_variables_indices`
+    (`_get_variable_index`); weight-update sharding updates a piece of each
+    variable held in another variable, which must find the same slots. No public
+    API maps one variable to another's slots.
+    """
+    index = optimizer._get_variable_index(variable)
+    optimizer._trainable_variables_indices[optimizer._var_key(alias)] = index
+
+
+def override_checkpointing(variable, serialize, restore) -> None:
+    """Makes `tf.train.Checkpoint` save `variable` as `serialize()` returns and
+    restore it with `restore(tensors)`.
+
+    TensorFlow's object-based checkpoints ask a trackable for its tensors through
+    `_serialize_to_tensors` / `_restore_from_tensors` and honour per-object
+    overrides (`saveable_object_util.trackable_has_serialize_to_tensor` looks in
+    the instance's `__dict__` first); there is no public protocol.
+    """
+    variable._serialize_to_tensors = serialize
+    variable._restore_from_tensors = restore
 
 
 def reduced_gradients(optimizer, grads, variables) -> list:
@@ -247,3 +301,58 @@ def _patch_lazy_optimizer_build(hooks):
     # optimizer) there, before any `BaseOptimizer.apply` runs: the mixed-precision
     # guide's custom loop failed the same way (issue 22).
     replace(_loss_scale_optimizer.LossScaleOptimizer, "apply", build_first)
+
+
+def _patch_sharded_update(hooks):
+    # Weight-update sharding (issue 24) keeps one piece of each slot per replica
+    # and runs each update on a piece. Keras makes slots "like" a variable in
+    # `add_variable_from_reference` and runs every update through the TF
+    # optimizer's `_backend_update_step` (all-reduce, then per-variable
+    # `update_step`); neither has a public hook, and Keras 3 shards optimizer
+    # state only on JAX (`keras.distribution`). Both answer stock unless the
+    # optimizer's strategy is a Replicator built with `shard_weight_update=True`.
+    def slot(original):
+        def add_variable_from_reference(
+            self, reference_variable, name=None, initializer="zeros"
+        ):
+            piece = hooks.make_sharded_slot(self, reference_variable, name, initializer)
+            if piece is not None:
+                return piece
+            return original(self, reference_variable, name, initializer)
+
+        return add_variable_from_reference
+
+    def update(original):
+        def _backend_update_step(self, grads, trainable_variables, learning_rate):
+            if hooks.shards_weight_update(self):
+                return hooks.sharded_update_step(
+                    self, grads, trainable_variables, learning_rate
+                )
+            return original(self, grads, trainable_variables, learning_rate)
+
+        return _backend_update_step
+
+    # Saving: Keras writes `optimizer.variables` as they are; a sharded slot is
+    # written whole (gathered) and loaded by cutting it into pieces, so files
+    # stay those of an unsharded run.
+    def save(original):
+        def save_own_variables(self, store):
+            values = hooks.sharded_values_to_save(self)
+            if values is None:
+                return original(self, store)
+            for i, value in enumerate(values):
+                store[str(i)] = value
+
+        return save_own_variables
+
+    def load(original):
+        def load_own_variables(self, store):
+            if not hooks.load_sharded(self, store):
+                return original(self, store)
+
+        return load_own_variables
+
+    replace(_base_optimizer.BaseOptimizer, "save_own_variables", save)
+    replace(_base_optimizer.BaseOptimizer, "load_own_variables", load)
+    replace(_tf_optimizer.TFOptimizer, "add_variable_from_reference", slot)
+    replace(_tf_optimizer.TFOptimizer, "_backend_update_step", update)

@@ -105,6 +105,30 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
     return [summed[i] for i in range(len(gradients))], list(summed_exact or [])
 
 
+def ring_call(function, values, shapes, name: str) -> list[tf.Tensor]:
+    """Runs a socket-ring call on `values` after the graph's previous ring call.
+
+    Every worker traces the same program, so chaining each ring call on the
+    previous one makes all workers send the same buffers in the same order.
+
+    Args:
+        function: A `SocketRing` method taking and returning numpy arrays.
+        values: The input tensors; the outputs have the same dtypes.
+        shapes: The outputs' static shapes.
+        name: The op's name after `socket_` (e.g. `"all_reduce"`).
+    """
+    graph = tf.compat.v1.get_default_graph()
+    previous = _LAST_RING_OP.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        results = tf.numpy_function(
+            function, values, [v.dtype for v in values], name=f"socket_{name}"
+        )
+    for result, shape in zip(results, shapes):
+        result.set_shape(shape)
+    _LAST_RING_OP[graph] = results[0]
+    return list(results)
+
+
 class _Reducer:
     """Sums one bucket at a time with the strategy's collectives and options."""
 
@@ -133,19 +157,9 @@ class _Reducer:
         return self._ring_sum([value])[0]
 
     def _ring_sum(self, values):
-        graph = tf.compat.v1.get_default_graph()
-        previous = _LAST_RING_OP.get(graph)
-        with tf.control_dependencies([previous] if previous is not None else []):
-            summed = tf.numpy_function(
-                self._ring.all_reduce,
-                values,
-                [v.dtype for v in values],
-                name="socket_all_reduce",
-            )
-        for s, v in zip(summed, values):
-            s.set_shape(v.shape)
-        _LAST_RING_OP[graph] = summed[0]
-        return list(summed)
+        return ring_call(
+            self._ring.all_reduce, values, [v.shape for v in values], "all_reduce"
+        )
 
     def reduce_bucket(self, members, exact):
         """Returns `(summed members, summed exact)` for one bucket of one dtype."""

@@ -10,6 +10,11 @@ halves that. This module sums a flat buffer with the textbook ring
 connection to each ring neighbour, so each byte is copied by the kernel and added
 once by numpy.
 
+The two phases are also calls of their own (issue 24), for weight-update sharding:
+`reduce_scatter` leaves worker r with chunk r of the sum, the optimizer updates
+that chunk only, and `all_gather` rebuilds the weights, for `all_reduce`'s bytes
+(`bytes_sent`) and bits (it runs the same phases, adding in the same order).
+
 It is used as ``tf.numpy_function`` per gradient bucket, by a
 `MultiWorkerReplicator` whose workers have one CPU replica each: by default when
 every worker can open it (`transport=None`), always with `transport="socket"`.
@@ -49,8 +54,11 @@ class SocketRing:
         size: The number of workers.
         send: The connected socket to worker `rank + 1`.
         receive: The connected socket from worker `rank - 1`.
-        timeout: Seconds one `all_reduce` call may take. Defaults to `None`:
-            the `send` socket's timeout (`None` there: no deadline).
+        timeout: Seconds one call may take. Defaults to `None`: the `send`
+            socket's timeout (`None` there: no deadline).
+
+    Attributes:
+        bytes_sent: The payload bytes this worker has sent, headers excluded.
     """
 
     def __init__(self, rank: int, size: int, send, receive, timeout=None):
@@ -62,6 +70,7 @@ class SocketRing:
         self._lock = threading.Lock()
         self._calls = 0
         self._failure = None  # the first failure's description; the ring is dead
+        self.bytes_sent = 0
 
     @classmethod
     def connect(
@@ -135,42 +144,13 @@ class SocketRing:
                 timeout, or sent a buffer that differs from this one), or if an
                 earlier call failed: the ring then stays failed.
         """
-        with self._lock:
-            if self._failure is not None:
-                raise RuntimeError(
-                    f"The socket ring failed earlier on worker {self.rank}, so it "
-                    f"is closed and every later call fails: {self._failure} The "
-                    "workers' calls no longer pair up; restart the job (e.g. "
-                    "resuming with `keras.callbacks.BackupAndRestore`)."
-                )
-            flats = [a.reshape(-1) for a in arrays]
-            results = [_aligned_empty(f.size, f.dtype) for f in flats]
-            if self.size == 1:
-                for r, f in zip(results, flats):
-                    r[...] = f
-            else:
-                self._calls += 1
-                deadline = None
-                if self._timeout is not None:
-                    deadline = time.monotonic() + self._timeout
-                try:
-                    self._sum(flats, results, deadline)
-                except BaseException as error:
-                    failure = self._fail(error)
-                    if failure is error:
-                        raise
-                    raise failure from error
-            return [r.reshape(a.shape) for r, a in zip(results, arrays)]
-
-    def _sum(self, flats, results, deadline) -> None:
-        """The ring algorithm proper; the call header rides with the first send."""
-        total = sum(f.size for f in flats)
+        flats = [a.reshape(-1) for a in arrays]
+        results = [_ring_frames.aligned_empty(f.size, f.dtype) for f in flats]
         dtype = flats[0].dtype if flats else np.dtype("float32")
-        header = _ring_frames.header(self._calls, dtype, total)
-        n, rank = self.size, self.rank
-        if total == 0:  # still compared with the peers': they may hold data
-            self._exchange([], [], deadline, header)
-            return
+        total, n = sum(f.size for f in flats), self.size
+        if n == 1:
+            for r, f in zip(results, flats):
+                r[...] = f
         bounds = [k * total // n for k in range(n + 1)]
         offsets = np.cumsum([0] + [f.size for f in flats])
 
@@ -183,88 +163,133 @@ class SocketRing:
                     out.append(f[a - start : b - start])
             return out
 
-        widen = dtype.itemsize < 4
-        for step in range(n - 1):  # reduce-scatter
-            sent = (rank - step) % n
-            target = (rank - step - 1) % n
-            source = flats if step == 0 else results
-            # The partial sum arrives straight in the result's chunk (not yet
-            # used: each chunk is visited once), and this worker's part is
-            # added in place: no scratch buffer to allocate and fault in.
-            into = pieces(results, target)
-            first = header if step == 0 else None
-            self._exchange(pieces(source, sent), into, deadline, first)
-            for mine, part in zip(pieces(flats, target), into):
-                if widen:
+        def work(header, deadline):
+            # Partial sums arrive straight in the results' chunks (not yet used:
+            # each chunk is visited once): no scratch buffer to allocate and
+            # fault in. An empty buffer still sends its header: peers may differ.
+            into = lambda step, chunk: pieces(results, chunk)  # noqa: E731
+            self._reduce(lambda c: pieces(flats, c), into, header, deadline)
+            self._gather(lambda c: pieces(results, c), None, deadline)
+
+        self._call("all_reduce", dtype, total, work)
+        return [r.reshape(a.shape) for r, a in zip(results, arrays)]
+
+    def reduce_scatter(self, flat: np.ndarray) -> np.ndarray:
+        """Returns chunk `rank` of the sum over all workers of `flat`.
+
+        The first phase of `all_reduce` alone: with `L = flat.size // size`,
+        chunk `c` is `flat[c * L : (c + 1) * L]`; each worker sends `(size - 1)
+        * L` values. Weight-update sharding updates this chunk, then gathers.
+
+        Args:
+            flat: This worker's 1-D buffer, its size a multiple of `size` (the
+                same shape and dtype on every worker).
+
+        Returns:
+            A new 64-byte aligned 1-D array of `flat.size // size` values.
+
+        Raises:
+            ValueError: If `flat` is not 1-D or its size not a multiple of `size`;
+                `RuntimeError` as `all_reduce`.
+
+        Example (two workers as threads; an optimizer would update the chunk):
+        >>> import socket, concurrent.futures
+        >>> (a, b), (c, d) = socket.socketpair(), socket.socketpair()
+        >>> rings = [SocketRing(0, 2, a, d), SocketRing(1, 2, c, b)]
+        >>> grads = [np.arange(4.0), np.full(4, 10.0)]
+        >>> step = lambda r: rings[r].all_gather(rings[r].reduce_scatter(grads[r]))
+        >>> out = list(concurrent.futures.ThreadPoolExecutor(2).map(step, [0, 1]))
+        >>> out[1], rings[1].bytes_sent  # 2 float64 values in each phase
+        (array([10., 11., 12., 13.]), 32)
+        """
+        flat, n = _vector(flat, "flat", self.size), self.size
+        length = flat.size // n
+        result = _ring_frames.aligned_empty(length, flat.dtype)
+        if n == 1:
+            result[...] = flat
+        # Partial sums alternate in 2 buffers (one sent, one filling): last `result`.
+        spare = [result, _ring_frames.aligned_empty(length if n > 2 else 0, flat.dtype)]
+        mine = lambda c: [flat[c * length : (c + 1) * length]]  # noqa: E731
+        into = lambda step, c: [spare[(n - 2 - step) % 2]]  # noqa: E731
+        self._call("reduce_scatter", flat.dtype, flat.size, self._reduce, mine, into)
+        return result
+
+    def all_gather(self, chunk: np.ndarray) -> np.ndarray:
+        """Returns every worker's 1-D `chunk` (same size and dtype) in rank order.
+
+        The second phase of `all_reduce` alone (example: `reduce_scatter`): a new
+        64-byte aligned 1-D array, worker r's chunk at `[r * L : (r + 1) * L]`
+        (`L = chunk.size`); each worker sends `(size - 1) * L` values. Raises
+        `ValueError` if `chunk` is not 1-D, `RuntimeError` as `all_reduce`."""
+        chunk = _vector(chunk, "chunk")
+        length = chunk.size
+        result = _ring_frames.aligned_empty(self.size * length, chunk.dtype)
+        result[self.rank * length : (self.rank + 1) * length] = chunk
+        pieces = lambda c: [result[c * length : (c + 1) * length]]  # noqa: E731
+        self._call("all_gather", chunk.dtype, length, self._gather, pieces)
+        return result
+
+    def _call(self, operation, dtype, elements, work, *args) -> None:
+        """Runs `work(*args, header, deadline)` as a call (none for one worker)."""
+        with self._lock:
+            if self._failure is not None:
+                raise RuntimeError(
+                    f"The socket ring failed earlier on worker {self.rank}, so it "
+                    f"is closed and every later call fails: {self._failure} The "
+                    "workers' calls no longer pair up; restart the job (e.g. "
+                    "resuming with `keras.callbacks.BackupAndRestore`)."
+                )
+            if self.size == 1:
+                return
+            self._calls += 1
+            header = _ring_frames.header(self._calls, dtype, elements, operation)
+            deadline = None
+            if self._timeout is not None:
+                deadline = time.monotonic() + self._timeout
+            try:
+                work(*args, header, deadline)
+            except BaseException as error:
+                failure = self._fail(error, operation)
+                if failure is error:
+                    raise
+                raise failure from error
+
+    def _reduce(self, mine, into, header, deadline) -> None:
+        """The reduce-scatter phase: worker r ends with chunk r summed, from r + 1 on.
+
+        `mine(c)`: this worker's chunk `c` (a list of arrays); `into(step, c)`:
+        where its partial sum arrives at `step`, in the same pieces."""
+        n, rank = self.size, self.rank
+        outgoing = mine((rank - 1) % n)
+        for step in range(n - 1):
+            target = (rank - step - 2) % n
+            incoming = into(step, target)
+            self._exchange(outgoing, incoming, deadline, header if step == 0 else None)
+            for part, own in zip(incoming, mine(target)):
+                if part.dtype.itemsize < 4:
                     part[...] = (
-                        part.astype(np.float32) + mine.astype(np.float32)
+                        part.astype(np.float32) + own.astype(np.float32)
                     ).astype(part.dtype)
                 else:
-                    np.add(part, mine, out=part)
-        for step in range(n - 1):  # all-gather
-            sent, target = (rank - step + 1) % n, (rank - step) % n
-            self._exchange(pieces(results, sent), pieces(results, target), deadline)
+                    np.add(part, own, out=part)
+            outgoing = incoming
+
+    def _gather(self, chunk, header, deadline) -> None:
+        """The all-gather phase: `chunk(c)`, held by worker `c`, reaches all."""
+        n, rank = self.size, self.rank
+        for step in range(n - 1):
+            sent, target = (rank - step) % n, (rank - step - 1) % n
+            first = header if step == 0 else None
+            self._exchange(chunk(sent), chunk(target), deadline, first)
 
     def _exchange(self, outgoing, incoming, deadline, header=None) -> None:
-        """Sends the `outgoing` arrays while receiving into the `incoming` ones.
+        """One step (`_ring_frames.exchange`); counts its payload in `bytes_sent`."""
+        sockets, args = (self._send, self._receive), (outgoing, incoming, deadline)
+        self.bytes_sent += _ring_frames.exchange(
+            sockets, self.rank, self.size, *args, header
+        )
 
-        With a `header`, it goes out first (before any check here, so a peer
-        always gets it and can name both sides), and the left neighbour's is
-        received and checked before any of its data.
-        """
-        errors = []
-        send = [memoryview(a.view(np.uint8)) for a in outgoing]
-        receive = [memoryview(a.view(np.uint8)) for a in incoming]
-        left, right = (self.rank - 1) % self.size, (self.rank + 1) % self.size
-        if header is not None:
-            try:
-                _ring_frames.send_all(self._send, [header], deadline)
-            except ConnectionError as error:
-                raise ConnectionError(
-                    f"worker {right} closed its connection"
-                ) from error
-
-        def sender():
-            try:
-                _ring_frames.send_all(self._send, send, deadline)
-            except OSError as error:  # reported below, in the calling thread
-                errors.append(error)
-
-        thread = threading.Thread(target=sender, daemon=True)
-        thread.start()
-        try:
-            if header is not None:
-                theirs = _ring_frames.receive_exact(
-                    self._receive, len(header), deadline
-                )
-                _ring_frames.check_header(theirs, header, self.rank, left)
-            _ring_frames.receive_into(self._receive, receive, deadline)
-        except BaseException as error:
-            self._shut_down()  # wakes the sender up
-            thread.join()
-            if isinstance(error, ConnectionError):
-                raise ConnectionError(f"worker {left} closed its connection") from error
-            raise
-        thread.join(None if deadline is None else max(deadline - time.monotonic(), 0))
-        if thread.is_alive():
-            self._shut_down()
-            thread.join()
-            raise TimeoutError("the deadline passed")
-        if errors:
-            if isinstance(errors[0], ConnectionError):
-                closed = f"worker {right} closed its connection"
-                raise ConnectionError(closed) from errors[0]
-            raise errors[0]
-
-    def _shut_down(self) -> None:
-        """Ends both connections: blocked calls return, the neighbours see EOF."""
-        for s in (self._send, self._receive):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed by the peer
-
-    def _fail(self, error) -> BaseException:
+    def _fail(self, error, operation="all_reduce") -> BaseException:
         """Marks the ring failed, closes it; returns the error to raise."""
         if isinstance(error, _ring_frames.FrameMismatch):
             cause = str(error)
@@ -278,13 +303,14 @@ class SocketRing:
         else:
             cause = f"{type(error).__name__}: {error}"
         self._failure = f"call {self._calls} failed: {cause}."
-        self._shut_down()
+        _ring_frames.shut_down(self._send, self._receive)
         for s in (self._send, self._receive):
             s.close()
         if not isinstance(error, Exception):
             return error  # KeyboardInterrupt and friends stay what they are
+        name = operation.replace("_", "-")
         return RuntimeError(
-            f"Socket all-reduce failed on worker {self.rank}: {self._failure}"
+            f"Socket {name} failed on worker {self.rank}: {self._failure}"
         )
 
 
@@ -356,17 +382,18 @@ def _give_up(required: bool, failed, problem) -> None:
     return None
 
 
-def _aligned_empty(size: int, dtype) -> np.ndarray:
-    """A new 1-D array whose data starts on a 64-byte boundary.
-
-    TensorFlow adopts a returned numpy array without copying only if it is aligned
-    as its own allocator aligns (64 bytes); numpy's large arrays start 16 bytes
-    into a page, and the copy (plus its page faults) cost 65 ms per 100 MB here.
-    """
-    dtype = np.dtype(dtype)
-    raw = np.empty(size * dtype.itemsize + _ALIGNMENT, np.uint8)
-    offset = -raw.ctypes.data % _ALIGNMENT
-    return raw[offset : offset + size * dtype.itemsize].view(dtype)
-
-
-_ALIGNMENT = 64
+def _vector(array, name: str, workers: int = 1) -> np.ndarray:
+    """`array` as contiguous 1-D, or a `ValueError` naming `name`."""
+    array = np.asarray(array)
+    if array.ndim != 1:
+        raise ValueError(
+            f"`{name}` must be a 1-D array. Received: {name}.shape={array.shape}. "
+            f"Pass `{name}.reshape(-1)`."
+        )
+    if array.size % workers:
+        raise ValueError(
+            f"`{name}` must hold a multiple of the ring's {workers} workers' values, "
+            f"one equal chunk each. Received: {name}.size={array.size}. Pad it "
+            f"to {-(-array.size // workers) * workers} values."
+        )
+    return np.ascontiguousarray(array)

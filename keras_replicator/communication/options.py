@@ -69,6 +69,20 @@ class AllReduceOptions:
             worker can open it (else, with a warning, the collectives); every
             other strategy uses the collectives. The choice made is in
             `strategy.all_reduce_options.transport`.
+        shard_weight_update: If True, each replica updates only its 1/N share
+            of every trainable variable and keeps only that share of the
+            optimizer's state (weight-update sharding, as in Google's
+            MLPerf-0.6 TPU-pod runs; Xu et al. 2020): gradients are
+            reduce-scattered instead of all-reduced, the optimizer runs on this
+            replica's slice, and the updated slices are all-gathered into the
+            replicated weights. The same bytes travel as for an all-reduce;
+            the update's compute and the optimizer state's memory are divided
+            by the number of replicas. Over the socket ring the update runs
+            between the ring's two phases; over the collectives each bucket is
+            all-reduced and sliced (correct, no speed gain), then all-gathered.
+            Element-wise Keras optimizers (SGD, Adam, AdamW, RMSprop, Adagrad,
+            Lion, ...) are supported; others raise an error naming them. See
+            docs/weight_update_sharding.md. Defaults to `False`.
 
     Raises:
         ValueError: If a field has a value outside those listed, naming the field.
@@ -97,6 +111,7 @@ class AllReduceOptions:
     hierarchy: str | None = None
     transport: str | None = None
     group_size: int | None = None
+    shard_weight_update: bool = False
 
     def __post_init__(self):
         bucket = self.bucket_mb
@@ -146,6 +161,14 @@ class AllReduceOptions:
                 "workers with one replica each, where there is no hierarchy). "
                 f"Received: hierarchy={self.hierarchy!r}, "
                 f"transport={self.transport!r}."
+            )
+        self._check_shard_weight_update()
+
+    def _check_shard_weight_update(self):
+        if not isinstance(self.shard_weight_update, bool):
+            raise ValueError(
+                "`shard_weight_update` must be True or False. Received: "
+                f"shard_weight_update={self.shard_weight_update!r}."
             )
 
     def resolved_bucket_mb(self) -> float:

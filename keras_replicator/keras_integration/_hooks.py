@@ -23,6 +23,7 @@ from keras_replicator.keras_integration import (
     _validation,
     _worker_files,
 )
+from keras_replicator.sharding import _saving, _slots, _support, _update
 
 
 class KerasHooks:
@@ -104,6 +105,23 @@ class KerasHooks:
             optimizer.built = True
 
         context.merge_call(build)
+
+    # Weight-update sharding (`sharding/`): piece-shaped slots, the sharded update.
+    shards_weight_update = staticmethod(_support.shards)
+    sharded_update_step = staticmethod(_update.sharded_update_step)
+    sharded_values_to_save = staticmethod(_saving.values_to_save)
+    load_sharded = staticmethod(_saving.load)
+
+    @staticmethod
+    def make_sharded_slot(optimizer, reference, name, initializer):
+        """A one-piece slot "like" `reference` if `optimizer` shards, else None."""
+        if name in _slots.WHOLE_SLOT_NAMES or not _support.shards(optimizer):
+            return None
+        _support.check_supported(optimizer)
+        strategy = _compat.optimizer.optimizer_strategy(optimizer)
+        slot = _slots.add_piece_slot(optimizer, reference, name, initializer, strategy)
+        _saving.make_checkpointable(optimizer, slot)
+        return slot.variable
 
     @staticmethod
     def silences_output(model) -> bool:

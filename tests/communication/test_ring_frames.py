@@ -110,6 +110,26 @@ def test_the_header_names_both_sides():
         _ring_frames.check_header(_ring_frames.header(4, np.float32, 16), mine, 1, 0)
 
 
+def test_the_header_names_the_operation_of_both_sides():
+    for operation in _ring_frames.OPERATIONS:
+        frame = _ring_frames.header(2, np.float32, 4, operation)
+        assert len(frame) == _ring_frames.HEADER_SIZE
+        assert (
+            _ring_frames.describe(frame)
+            == f"call 2: float32[4] (16 bytes) in {operation}"
+        )
+    mine = _ring_frames.header(2, np.float32, 8, "reduce_scatter")
+    theirs = _ring_frames.header(2, np.float32, 8, "all_reduce")
+    with pytest.raises(_ring_frames.FrameMismatch) as caught:
+        _ring_frames.check_header(theirs, mine, 1, 0)
+    message = str(caught.value)
+    assert message.startswith("the operations differ between workers: ")
+    assert "worker 0 sent call 2: float32[8] (32 bytes) in all_reduce" in message
+    assert "worker 1 has call 2: float32[8] (32 bytes) in reduce_scatter" in message
+    with pytest.raises(ValueError, match=r"Received: operation='all_to_all'"):
+        _ring_frames.header(2, np.float32, 8, "all_to_all")
+
+
 def test_receiving_has_one_deadline_for_all_its_bytes():
     a, b = socket.socketpair()
 

@@ -1,0 +1,131 @@
+"""The sharded update: reduce-scatter, update this replica's pieces, all-gather.
+
+It replaces the body of Keras' TensorFlow `_backend_update_step` (the all-reduce,
+then one `update_step` per variable) when the strategy shards the weight update;
+everything Keras does around it (clipping, weight decay, loss-scale unscaling,
+gradient accumulation, EMA, the step counter) is unchanged. Per bucket of
+same-dtype gradients (the strategy's `bucket_mb`, in reverse layer order, as
+for the all-reduce):
+
+1. this replica's share of the reduction (`_gradients.prepare_sum`: the
+   sample-weighted mean's weights, or the stock sum) is packed into the
+   `[N, C]` piece matrix (`_layout`), the sample count riding in every row;
+2. `_exchange.reduce_scatter` leaves row `r` of the sum on replica `r`;
+3. for each variable, the replica's piece of the weights is loaded into its
+   piece variable, and the optimizer's own `update_step` runs on it with the
+   piece of the gradient and the one-piece slots (`_slots`);
+4. the updated pieces are all-gathered and written into the whole variables
+   (one `merge_call` for all of them, as Keras assigns per device).
+
+Every replica ends with the same weights, bit for bit: each element is updated
+by exactly one replica and copied to the others.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from keras_replicator import _compat
+from keras_replicator.communication import _all_reduce, _buckets
+from keras_replicator.keras_integration import _gradients
+from keras_replicator.sharding import _exchange, _layout, _slots, _support
+
+_MB = 1e6
+
+
+def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
+    """Keras' `_backend_update_step`, sharded over the replicas (replica context)."""
+    context = tf.distribute.get_replica_context()
+    strategy = _compat.optimizer.optimizer_strategy(optimizer)
+    if context is None or tf.distribute.in_cross_replica_context():
+        raise RuntimeError(
+            "An optimizer built under `kr.AllReduceOptions(shard_weight_update="
+            "True)` holds one piece of its state per replica, so it can only "
+            "update inside a replica step (`fit`, `run_steps` or `strategy.run`). "
+            f"Received: a call of {type(optimizer).__name__}.apply outside "
+            "`strategy.run`."
+        )
+    _support.check_supported(optimizer)
+    variables = list(trainable_variables)
+    grads = [_dense(g) for g in grads]
+    average = _gradients.averages(optimizer, _compat.is_replicator(strategy))
+    grads, exact = _gradients.prepare_sum(grads, average)
+    num_replicas = strategy.num_replicas_in_sync
+    replica = context.replica_id_in_sync_group
+    pieces = _slots.piece_variables(optimizer, variables, strategy)
+    options = _all_reduce.options_of(strategy)
+    buckets = _plan(grads, options.resolved_bucket_mb() * _MB)
+    total = None
+    if exact and not any(grads[b[0]].dtype in _EXACT_CARRIERS for b in buckets):
+        (total,) = context.all_reduce(tf.distribute.ReduceOp.SUM, exact)
+    targets, values = [], []
+    for bucket in buckets:
+        carry = exact if total is None and exact else []
+        layout = _layout.Layout(
+            [grads[i].shape for i in bucket], num_replicas, len(carry)
+        )
+        row = _exchange.reduce_scatter(
+            layout.pack([grads[i] for i in bucket], carry), replica
+        )
+        summed, extra = layout.split_row(row)
+        if carry:
+            total = tf.cast(extra[0], tf.float32)
+        if exact:
+            summed = _gradients.finish_sum(summed, total)
+        updated = []
+        for j, (i, gradient) in enumerate(zip(bucket, summed)):
+            piece = pieces[i]
+            piece.assign(layout.piece_of(_read(variables[i]), j, replica))
+            optimizer.update_step(gradient, piece, learning_rate)
+            updated.append(piece.read_value())
+        gathered = _exchange.all_gather(tf.concat(updated, axis=0))
+        whole = _layout.Layout([grads[i].shape for i in bucket], num_replicas)
+        for i, value in zip(bucket, whole.unpack(gathered)):
+            targets.append(_raw(variables[i]))
+            values.append(value)
+    _compat.optimizer.merge_call_if_needed(_assign_all, strategy, targets, values)
+
+
+# Buckets of these dtypes carry the exact float32 sample counts (as in
+# `communication._all_reduce`); a 16-bit bucket would round counts above 2048.
+_EXACT_CARRIERS = (tf.float32, tf.float64)
+
+
+def _plan(grads, bucket_bytes) -> list[list[int]]:
+    """Buckets of same-dtype gradient indices; float32 / float64 first."""
+    groups: dict = {}
+    for i, g in enumerate(grads):
+        groups.setdefault(g.dtype, []).append(i)
+    order = sorted(groups, key=lambda d: d not in _EXACT_CARRIERS)
+    buckets = []
+    for dtype in order:
+        indices = groups[dtype]
+        sizes = [_buckets.num_bytes(grads[i]) for i in indices]
+        for bucket in _buckets.plan(sizes, bucket_bytes):
+            buckets.append([indices[j] for j in bucket])
+    return buckets
+
+
+def _assign_all(distribution, targets, values):
+    for target, value in zip(targets, values):
+        distribution.extended.update(target, _assign, args=(value,), group=False)
+
+
+def _assign(variable, value):
+    return variable.assign(tf.cast(value, variable.dtype))
+
+
+def _raw(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _read(variable):
+    return tf.convert_to_tensor(_raw(variable))
+
+
+def _dense(gradient):
+    # A piece of an IndexedSlices gradient has no meaning: its rows may repeat.
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.convert_to_tensor(gradient)
+    return gradient

@@ -1,0 +1,35 @@
+"""The piece layout: every element lands in exactly one replica's row, and back."""
+
+import doctest
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_replicator.sharding import _exchange, _layout, _saving, _support
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+def test_pack_then_unpack_is_the_identity_and_rows_hold_the_pieces(replicas):
+    shapes = [(7, 5), (5,), (1,), (2, 3, 2)]
+    tensors = [tf.reshape(tf.range(np.prod(s), dtype=tf.float64), s) for s in shapes]
+    layout = _layout.Layout(shapes, replicas, extra_columns=1)
+    matrix = layout.pack(tensors, extra=[tf.constant(3.0)])
+    assert matrix.shape == (replicas, layout.row_length)
+    for r in range(replicas):
+        pieces, extra = layout.split_row(matrix[r])
+        assert extra.numpy().tolist() == [3.0]
+        for i, (piece, tensor) in enumerate(zip(pieces, tensors)):
+            expected = layout.piece_of(tensor, i, r)
+            np.testing.assert_array_equal(piece, expected)
+    for back, tensor in zip(layout.unpack(matrix), tensors):
+        np.testing.assert_array_equal(back, tensor)
+    # Padding: at most replicas - 1 elements per variable.
+    padded = sum(layout.lengths) * replicas - sum(int(np.prod(s)) for s in shapes)
+    assert 0 <= padded <= len(shapes) * (replicas - 1)
+
+
+def test_docstring_examples_run():
+    for module in (_layout, _support, _exchange, _saving):
+        flags = doctest.ELLIPSIS
+        assert doctest.testmod(module, optionflags=flags).failed == 0, module

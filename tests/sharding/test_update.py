@@ -1,0 +1,162 @@
+"""A sharded update equals the unsharded one (issue 24), on 2 and 4 logical CPUs.
+
+Float64, 20 `fit` steps, an uneven last batch, variables whose sizes no replica
+count divides: weights and optimizer state (gathered, as saved) must agree to
+1e-12 with the unsharded run, and in float32 to 1e-5 with one device.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import keras_replicator as kr
+from tests.sharding import _training as t
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "nesterov": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw_excluding_biases": lambda: _excluding_biases(
+        keras.optimizers.AdamW(0.01, weight_decay=0.1)
+    ),
+    "rmsprop_centered": lambda: keras.optimizers.RMSprop(0.01, centered=True),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+    "lion": lambda: keras.optimizers.Lion(0.001),
+    "nadam": lambda: keras.optimizers.Nadam(0.01),
+}
+
+
+def _excluding_biases(optimizer):
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    return optimizer
+
+
+def _run(name, replicas, shard):
+    model = t.model_in(t.strategy(replicas, shard), OPTIMIZERS[name])
+    return t.fit(model)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
+def test_weights_and_state_equal_the_unsharded_run(name, replicas):
+    plain, sharded = _run(name, replicas, False), _run(name, replicas, True)
+    t.assert_same_training(plain, sharded, 1e-12)
+    assert int(sharded.optimizer.iterations.numpy()) == 20
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "nesterov",
+        "adamw_excluding_biases",
+        "rmsprop_centered",
+        "adagrad",
+        "lion",
+        "nadam",
+    ],
+)
+def test_every_element_wise_optimizer_matches(name):
+    plain, sharded = _run(name, 2, False), _run(name, 2, True)
+    t.assert_same_training(plain, sharded, 1e-12)
+
+
+def test_float32_matches_one_device():
+    def run(replicas, shard):
+        model = t.model_in(
+            t.strategy(replicas, shard), OPTIMIZERS["adam"], dtype="float32"
+        )
+        return t.weights(t.fit(model, dtype="float32"))
+
+    assert t.max_difference(run(1, False), run(4, True)) <= 1e-5
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_replica_holds_one_piece_of_every_slot(replicas):
+    model = _run("adam", replicas, True)
+    sizes = [math.prod(v.shape) for v in model.trainable_variables]
+    pieces = [math.ceil(n / replicas) for n in sizes]
+    slots = [
+        v
+        for v in model.optimizer.variables
+        if v.path.endswith(("momentum", "velocity"))
+    ]
+    assert len(slots) == 2 * len(sizes)
+    held = 0
+    for slot in slots:
+        copies = slot.value.values  # one copy per replica, each a piece
+        assert len(copies) == replicas
+        assert {tuple(c.shape) for c in copies} == {(slot.shape[0],)}
+        held += slot.shape[0]
+    assert held == 2 * sum(pieces)
+    assert held <= 2 * (sum(sizes) / replicas + len(sizes))  # 1/N plus padding
+    # The copies differ: each replica keeps its own piece, not a replica.
+    assert not np.array_equal(*[c.numpy() for c in slots[0].value.values[:2]])
+
+
+def test_ema_weight_decay_and_clipping_behave_as_unsharded():
+    def optimizer():
+        return keras.optimizers.SGD(
+            0.1,
+            momentum=0.9,
+            use_ema=True,
+            ema_momentum=0.9,
+            clipnorm=0.5,
+            weight_decay=0.01,
+        )
+
+    runs = []
+    for shard in (False, True):
+        model = t.model_in(t.strategy(2, shard), optimizer)
+        runs.append(t.fit(model))
+    plain, sharded = runs
+    t.assert_same_training(plain, sharded, 1e-12)
+    averages = [v for v in sharded.optimizer.variables if v.path.endswith("average")]
+    assert [tuple(v.shape) for v in averages] == [
+        tuple(w.shape) for w in sharded.trainable_variables
+    ]  # EMA stays whole: Keras updates it on whole variables
+
+
+def test_mixed_precision_loss_scaling_matches_unsharded():
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        runs = []
+        for shard in (False, True):
+            strategy = t.strategy(2, shard)
+            keras.utils.set_random_seed(1)
+            with strategy.scope():
+                model = keras.Sequential(
+                    [
+                        keras.Input((7,)),
+                        keras.layers.Dense(5, activation="tanh"),
+                        keras.layers.Dense(3, dtype="float32"),
+                    ]
+                )
+                model.compile(keras.optimizers.Adam(0.01), loss="mse")
+            assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            runs.append(t.fit(model, epochs=1, dtype="float32"))
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    plain, sharded = runs
+    t.assert_same_training(plain, sharded, 1e-6)
+
+
+@pytest.mark.parametrize(
+    "optimizer, name",
+    [
+        (lambda: keras.optimizers.Lamb(0.01), "Lamb"),
+        (lambda: kr.optimizers.LARS(0.1), "LARS"),
+        (lambda: keras.optimizers.Adafactor(0.01), "Adafactor"),
+    ],
+)
+def test_an_optimizer_that_is_not_element_wise_is_refused_by_name(optimizer, name):
+    model = t.model_in(t.strategy(2, True), optimizer)
+    with pytest.raises(ValueError, match=rf"Received: optimizer={name}"):
+        t.fit(model, epochs=1)
+
+
+def test_the_option_is_checked():
+    with pytest.raises(ValueError, match="shard_weight_update="):
+        kr.AllReduceOptions(shard_weight_update="yes")
+    assert kr.AllReduceOptions(shard_weight_update=True).shard_weight_update
