@@ -45,6 +45,7 @@ bench: install
 	$(PY) benchmarks/large_batch.py
 	$(PY) benchmarks/large_batch_optimizers.py
 	$(PY) benchmarks/spatial.py
+	$(PY) benchmarks/weight_update_sharding.py --json benchmarks/weight_update_sharding.json --png benchmarks/weight_update_sharding.png
 	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/pipeline.py
 	$(PY) benchmarks/allreduce.py --fit

@@ -16,7 +16,9 @@ Modules, by what they patch or read:
 
 - `trainer`: Keras' TF trainer (step functions, symbolic build, progress bar, epoch
   state).
-- `optimizer`: loss scaling, the gradient all-reduce, the optimizer's lazy build.
+- `optimizer`: loss scaling, the gradient all-reduce, the optimizer's lazy build;
+  under weight-update sharding, one-piece slots, the sharded update and saving.
+- `lamb`: Keras' `Lamb` step cut at its norms, for weight-update sharding.
 - `loss_hook`: `fit`'s training loss handed to optimizers that use it (NLCG);
   installed by `optimizers/_loss_aware.py`, under every strategy and on one device.
 - `data`: a distributed dataset's length across workers.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from keras_replicator._compat import (
     data,
+    lamb,
     layers,
     loss_hook,
     optimizer,
@@ -69,6 +72,7 @@ from keras_replicator._compat.trainer import (
 UPSTREAM_DIGESTS = {
     **trainer.DIGESTS,
     **optimizer.DIGESTS,
+    **lamb.DIGESTS,
     **loss_hook.DIGESTS,
     **saving.CHECKPOINT_DIGESTS,
 }
@@ -77,6 +81,7 @@ _PATCHED = (trainer, optimizer, data, saving)
 _CHECKED = (
     trainer,
     optimizer,
+    lamb,
     loss_hook,
     data,
     saving,

@@ -95,6 +95,8 @@ class AllReduceOptions:
     16.0
     >>> kr.AllReduceOptions(hierarchy="2d", group_size=4).group_size
     4
+    >>> kr.AllReduceOptions(shard_weight_update=True).shard_weight_update
+    True
 
     References:
         - Jia et al., 2018. Highly Scalable Deep Learning Training System with
@@ -104,6 +106,9 @@ class AllReduceOptions:
         - Li et al., 2020. PyTorch Distributed: Experiences on Accelerating Data
           Parallel Training.
         - Ying et al., 2018. Image Classification at Supercomputer Scale.
+        - Kumar et al., 2019. Scale MLPerf-0.6 models on Google TPU-v3 Pods.
+        - Xu et al., 2020. Automatic Cross-Replica Sharding of Weight Update in
+          Data-Parallel Training.
     """
 
     bucket_mb: float | None = None

@@ -8,7 +8,10 @@ Why that is enough to be correct under every Replicator strategy: Keras' TensorF
 optimizer all-reduces the gradients (our strategies make it a sample-weighted mean)
 *before* it calls `update_step` once per variable and device. The norms below are
 therefore taken on the global-batch gradient, and every replica computes the same trust
-ratio and the same update; no collective is needed here.
+ratio and the same update; no collective is needed here. Under weight-update sharding
+(`kr.AllReduceOptions(shard_weight_update=True)`) each replica updates one piece of each
+variable; the step is then cut where the norms are taken (`sharded_partial_squares`,
+`sharded_finish`) and the library sums the pieces' squares across replicas in between.
 
 Two things differ from Keras' other optimizers on purpose:
 
@@ -227,15 +230,43 @@ class LARS(keras.optimizers.Optimizer):
         # subclasses: under a strategy `variable` is a per-device component, and only
         # the base class maps it back to its slot.
         index = _compat.optimizer_variable_index(self, variable)
+        direction = self._direction(gradient, variable, index)
+        squares = None
+        if self._adapts[index]:
+            squares = _squares(variable, direction)
+        self._finish(variable, index, direction, squares, learning_rate)
+
+    # Weight-update sharding (`keras_replicator.sharding`) updates one piece of a
+    # variable per replica; the trust ratio needs the whole variable's norms, so
+    # the step is cut where they are taken: each replica's sums of squares are
+    # added over all replicas (one small all-reduce) before `sharded_finish`.
+    def sharded_partial_squares(self, gradient, variable):
+        """`(sums of squares of this piece's weights and direction, state)`."""
+        index = _compat.optimizer_variable_index(self, variable)
+        direction = self._direction(gradient, variable, index)
+        return _squares(variable, direction), direction
+
+    def sharded_finish(self, gradient, variable, learning_rate, squares, direction):
+        """The rest of the step, with `squares` summed over every piece."""
+        index = _compat.optimizer_variable_index(self, variable)
+        if not self._adapts[index]:
+            squares = None
+        self._finish(variable, index, direction, squares, learning_rate)
+
+    def _direction(self, gradient, variable, index):
         dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
         direction = ops.cast(_dense(gradient), dtype)
         if self._decays[index]:
             direction = direction + ops.cast(self.weight_decay_rate, dtype) * variable
-        if self._adapts[index]:
-            trust = self._trust_ratio(variable, direction, dtype)
-        else:
+        return direction
+
+    def _finish(self, variable, index, direction, squares, learning_rate):
+        dtype = variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        if squares is None:
             trust = ops.ones((), dtype)
+        else:
+            trust = self._trust_ratio(ops.sqrt(squares[0]), ops.sqrt(squares[1]), dtype)
         self.assign(self._trust_ratio_variables[index], ops.cast(trust, "float32"))
         step = lr * trust * direction
         velocity = self.momentums[index]
@@ -249,9 +280,7 @@ class LARS(keras.optimizers.Optimizer):
         else:
             self.assign_sub(variable, velocity)
 
-    def _trust_ratio(self, variable, direction, dtype):
-        weight_norm = ops.sqrt(ops.sum(ops.square(variable)))
-        direction_norm = ops.sqrt(ops.sum(ops.square(direction)))
+    def _trust_ratio(self, weight_norm, direction_norm, dtype):
         both_positive = ops.logical_and(weight_norm > 0, direction_norm > 0)
         # The unselected branch must not divide by zero (0/0 would still be NaN).
         safe_norm = ops.where(both_positive, direction_norm, ops.ones((), dtype))
@@ -276,6 +305,11 @@ class LARS(keras.optimizers.Optimizer):
             }
         )
         return config
+
+
+def _squares(variable, direction):
+    """`[sum(w**2), sum(d**2)]`: what the trust ratio's two norms are made of."""
+    return ops.stack([ops.sum(ops.square(variable)), ops.sum(ops.square(direction))])
 
 
 def _dense(gradient):

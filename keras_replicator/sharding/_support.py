@@ -4,11 +4,14 @@ A replica holds one piece of each variable and of each of its slots, so the
 update must compute every element from the same element of the gradient, the
 variable and the slots (plus scalars: the step, the learning rate). Keras'
 `SGD` (momentum, Nesterov), `Adam` (AMSGrad), `AdamW`, `Adamax`, `Nadam`,
-`Adagrad`, `Adadelta`, `RMSprop` (centered), `Ftrl` and `Lion` do. An optimizer
-that reads a whole variable (a norm: LARS, Lamb; a factored moment: Adafactor;
-an orthogonalization: Muon) or the whole list (Neumann, NLCG) would compute its
-per-variable quantities from a piece only, so it gets an error instead of a
-silently different update.
+`Adagrad`, `Adadelta`, `RMSprop` (centered), `Ftrl` and `Lion` do. Optimizers
+whose step needs a whole variable's norms (Keras' `Lamb`,
+`kr.optimizers.LARS`, or any optimizer defining `sharded_partial_squares` /
+`sharded_finish`) run in two halves around one small all-reduce of the
+pieces' sums of squares (`_norm_rules`). Any other optimizer reads a whole
+variable in a way a piece cannot give (a factored moment: Adafactor; an
+orthogonalization: Muon) or the whole list (Neumann, NLCG), so it gets an
+error naming it instead of a silently different update.
 
 Only these exact classes are trusted: a subclass may override `update_step`
 with anything. `LossScaleOptimizer` is judged by the optimizer it wraps.
@@ -23,6 +26,7 @@ import keras
 
 from keras_replicator import _compat
 from keras_replicator.communication import _all_reduce
+from keras_replicator.sharding import _norm_rules
 
 ELEMENT_WISE = (
     keras.optimizers.SGD,
@@ -52,21 +56,25 @@ def check_supported(optimizer) -> None:
     >>> import keras
     >>> check_supported(keras.optimizers.Adam())
     >>> check_supported(keras.optimizers.Lamb())
+    >>> check_supported(keras.optimizers.Adafactor())
     Traceback (most recent call last):
     ...
     ValueError: ...
     """
     inner = updating_optimizer(optimizer)
-    if type(inner) in ELEMENT_WISE:
+    if type(inner) in ELEMENT_WISE or _norm_rules.rule_for(inner) is not None:
         return
     names = ", ".join(cls.__name__ for cls in ELEMENT_WISE)
     raise ValueError(
         "`AllReduceOptions(shard_weight_update=True)` runs the optimizer on one "
         "piece of each variable per replica, which is exact only for optimizers "
-        "whose update is element-wise. Received: optimizer="
+        "whose update is element-wise or that combine per-variable norms over "
+        "the pieces. Received: optimizer="
         f"{type(inner).__name__} (name={inner.name!r}), which is not one of "
-        f"{names}. Use one of those, or build the strategy with "
-        "`kr.AllReduceOptions(shard_weight_update=False)` (the default)."
+        f"{names}, Lamb or kr.optimizers.LARS, and defines no "
+        "`sharded_partial_squares` / `sharded_finish` (docs/"
+        "weight_update_sharding.md). Use one of those, or build the strategy "
+        "with `kr.AllReduceOptions(shard_weight_update=False)` (the default)."
     )
 
 

@@ -13,7 +13,9 @@ for the all-reduce):
 2. `_exchange.reduce_scatter` leaves row `r` of the sum on replica `r`;
 3. for each variable, the replica's piece of the weights is loaded into its
    piece variable, and the optimizer's own `update_step` runs on it with the
-   piece of the gradient and the one-piece slots (`_slots`);
+   piece of the gradient and the one-piece slots (`_slots`); an optimizer that
+   needs whole-variable norms (LARS, Lamb) runs its step in two halves around
+   one small all-reduce of the pieces' sums of squares (`_norm_rules`);
 4. the updated pieces are all-gathered and written into the whole variables
    (one `merge_call` for all of them, as Keras assigns per device).
 
@@ -29,7 +31,13 @@ import tensorflow as tf
 from keras_replicator import _compat
 from keras_replicator.communication import _all_reduce, _buckets
 from keras_replicator.keras_integration import _gradients
-from keras_replicator.sharding import _exchange, _layout, _slots, _support
+from keras_replicator.sharding import (
+    _exchange,
+    _layout,
+    _norm_rules,
+    _slots,
+    _support,
+)
 
 _MB = 1e6
 
@@ -54,6 +62,7 @@ def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
     num_replicas = strategy.num_replicas_in_sync
     replica = context.replica_id_in_sync_group
     pieces = _slots.piece_variables(optimizer, variables, strategy)
+    rule = _norm_rules.rule_for(_support.updating_optimizer(optimizer))
     options = _all_reduce.options_of(strategy)
     buckets = _plan(grads, options.resolved_bucket_mb() * _MB)
     total = None
@@ -73,18 +82,31 @@ def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
             total = tf.cast(extra[0], tf.float32)
         if exact:
             summed = _gradients.finish_sum(summed, total)
-        updated = []
-        for j, (i, gradient) in enumerate(zip(bucket, summed)):
-            piece = pieces[i]
-            piece.assign(layout.piece_of(_read(variables[i]), j, replica))
-            optimizer.update_step(gradient, piece, learning_rate)
-            updated.append(piece.read_value())
+        for j, i in enumerate(bucket):
+            pieces[i].assign(layout.piece_of(_read(variables[i]), j, replica))
+        if rule is None:
+            for i, gradient in zip(bucket, summed):
+                optimizer.update_step(gradient, pieces[i], learning_rate)
+        else:
+            _two_half_updates(rule, [pieces[i] for i in bucket], summed, learning_rate)
+        updated = [pieces[i].read_value() for i in bucket]
         gathered = _exchange.all_gather(tf.concat(updated, axis=0))
         whole = _layout.Layout([grads[i].shape for i in bucket], num_replicas)
         for i, value in zip(bucket, whole.unpack(gathered)):
             targets.append(_raw(variables[i]))
             values.append(value)
     _compat.optimizer.merge_call_if_needed(_assign_all, strategy, targets, values)
+
+
+def _two_half_updates(rule, pieces, gradients, learning_rate) -> None:
+    """A bucket's steps of a norm optimizer: halves around one all-reduce."""
+    partial = [rule.partial(g, piece) for g, piece in zip(gradients, pieces)]
+    squares = [tf.convert_to_tensor(s) for s, _ in partial]
+    stacked = tf.stack([tf.cast(s, tf.float64) for s in squares])
+    (total,), _ = _all_reduce.all_reduce_sum([stacked])
+    for k, (g, piece) in enumerate(zip(gradients, pieces)):
+        summed = tf.cast(total[k], squares[k].dtype)
+        rule.finish(g, piece, learning_rate, summed, partial[k][1])
 
 
 # Buckets of these dtypes carry the exact float32 sample counts (as in

@@ -32,7 +32,9 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
         num_replicas: Number of replicas when `devices` is not given. Defaults to
             `None`: all local GPUs, or the current number of logical CPUs.
         all_reduce: A `kr.AllReduceOptions` for the gradient all-reduce (buckets,
-            wire compression). Defaults to `None`: `kr.AllReduceOptions()`.
+            wire compression, weight-update sharding: here each bucket is
+            all-reduced and sliced, then all-gathered). Defaults to `None`:
+            `kr.AllReduceOptions()`.
 
     Raises:
         ValueError: If `num_replicas` devices cannot be made or `devices` and

@@ -59,6 +59,8 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             several CPU processes with one replica each and every one of them can
             open it (3-5x the collectives' rate here), else TensorFlow's
             collectives; `strategy.all_reduce_options.transport` says which.
+            With `shard_weight_update=True` the ring reduce-scatters, the
+            optimizer updates this worker's pieces, and the ring all-gathers.
 
     Example:
     >>> import keras_replicator as kr

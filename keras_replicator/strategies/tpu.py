@@ -72,7 +72,9 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
             the traffic (the cast is compiled into the XLA step); XLA's all-reduce
             combiner re-fuses buckets, so `bucket_mb` only changes the graph;
             `hierarchy` must be `None` (the interconnect's all-reduce is already
-            a 2-D torus reduction).
+            a 2-D torus reduction); `shard_weight_update=True` all-reduces and
+            slices each bucket and all-gathers the updated pieces (the
+            collectives path of `MultiDeviceReplicator`).
             Untested on TPU hardware. Defaults to `None`: `kr.AllReduceOptions()`.
 
     Raises:

@@ -29,18 +29,18 @@ def strategy(replicas, shard, **options):
     )
 
 
-def model_in(strategy, optimizer, dtype="float64"):
+def model_in(strategy, optimizer, dtype="float64", **compile_kwargs):
     """The model, compiled in `strategy`'s scope; its loss computes in `dtype`."""
     keras.utils.set_random_seed(1)
     floatx = keras.config.floatx()
     keras.config.set_floatx(dtype)  # the loss takes floatx when compiled
     try:
-        return _build(strategy, optimizer, dtype)
+        return _build(strategy, optimizer, dtype, compile_kwargs)
     finally:
         keras.config.set_floatx(floatx)
 
 
-def _build(strategy, optimizer, dtype):
+def _build(strategy, optimizer, dtype, compile_kwargs):
     with strategy.scope():
         model = keras.Sequential(
             [
@@ -49,7 +49,7 @@ def _build(strategy, optimizer, dtype):
                 keras.layers.Dense(3, dtype=dtype),
             ]
         )
-        model.compile(optimizer(), loss="mse")
+        model.compile(optimizer(), loss="mse", **compile_kwargs)
     return model
 
 
