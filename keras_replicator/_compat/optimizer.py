@@ -94,9 +94,19 @@ def check_upstream() -> dict[str, str]:
         changed["BaseOptimizer._get_variable_index"] = (
             "no longer reads `_trainable_variables_indices` (alias_variable)"
         )
+    readers = inspect.getsource(unpatched(_base_optimizer.BaseOptimizer.apply))
+    if readers.count("_trainable_variables_indices") != 1:
+        changed["BaseOptimizer.apply"] = (
+            "reads `_trainable_variables_indices` differently (alias_variable)"
+        )
     init = inspect.getsource(_tf_optimizer.TFOptimizer.__init__)
     if "self._distribution_strategy = tf.distribute.get_strategy()" not in init:
         changed["TFOptimizer.__init__"] = "no longer sets `_distribution_strategy`"
+    add = inspect.getsource(_base_optimizer.BaseOptimizer.add_variable)
+    if "self._track_variable(variable)" not in add:
+        changed["BaseOptimizer.add_variable"] = (
+            "no longer tracks through `_track_variable` (add_variable_prepared)"
+        )
     build = inspect.getsource(_base_optimizer.BaseOptimizer.build)
     if "self._trainable_variables = variables[:]" not in build:
         changed["BaseOptimizer.build"] = "no longer sets `_trainable_variables`"
@@ -182,6 +192,33 @@ def alias_variable(optimizer, alias, variable) -> None:
     """
     index = optimizer._get_variable_index(variable)
     optimizer._trainable_variables_indices[optimizer._var_key(alias)] = index
+
+
+def add_variable_prepared(optimizer, prepare, **kwargs):
+    """`optimizer.add_variable(**kwargs)`, calling `prepare(variable)` before
+    Keras tracks it.
+
+    TensorFlow restores a deferred `tf.train.Checkpoint` value into an optimizer
+    variable the moment Keras tracks it (`_track_variable` appends it to the
+    tracked `_variables` list); a variable that saves and restores itself its
+    own way must be set up before that. Keras has no public hook between
+    creating and tracking.
+    """
+    created = []
+    optimizer._track_variable = created.append  # shadows the method, briefly
+    try:
+        variable = optimizer.add_variable(**kwargs)
+    finally:
+        del optimizer._track_variable
+    prepare(variable)
+    optimizer._track_variable(variable)
+    return variable
+
+
+def remove_alias(optimizer, alias) -> None:
+    """Undoes `alias_variable`: Keras counts `_trainable_variables_indices` as the
+    optimizer's variables (`apply(grads)` without variables checks its length)."""
+    optimizer._trainable_variables_indices.pop(optimizer._var_key(alias), None)
 
 
 def override_checkpointing(variable, serialize, restore) -> None:

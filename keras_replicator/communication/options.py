@@ -75,14 +75,16 @@ class AllReduceOptions:
             MLPerf-0.6 TPU-pod runs; Xu et al. 2020): gradients are
             reduce-scattered instead of all-reduced, the optimizer runs on this
             replica's slice, and the updated slices are all-gathered into the
-            replicated weights. The same bytes travel as for an all-reduce;
-            the update's compute and the optimizer state's memory are divided
-            by the number of replicas. Over the socket ring the update runs
-            between the ring's two phases; over the collectives each bucket is
-            all-reduced and sliced (correct, no speed gain), then all-gathered.
+            replicated weights. The update's compute and the optimizer state's
+            memory are divided by the number of replicas. Over the socket ring
+            the update runs between the ring's two phases, and the same bytes
+            travel as for an all-reduce; over the collectives each bucket is
+            all-reduced and sliced, then all-gathered (one collective more).
             Element-wise Keras optimizers (SGD, Adam, AdamW, RMSprop, Adagrad,
-            Lion, ...) are supported; others raise an error naming them. See
-            docs/weight_update_sharding.md. Defaults to `False`.
+            Lion, ...) shard as they are; `kr.optimizers.LARS` and Keras' `Lamb`
+            add one small all-reduce of per-variable sums of squares; others
+            raise an error naming them. See docs/weight_update_sharding.md.
+            Defaults to `False`.
 
     Raises:
         ValueError: If a field has a value outside those listed, naming the field.
@@ -171,7 +173,7 @@ class AllReduceOptions:
 
     def _check_shard_weight_update(self):
         if not isinstance(self.shard_weight_update, bool):
-            raise ValueError(
+            raise TypeError(
                 "`shard_weight_update` must be True or False. Received: "
                 f"shard_weight_update={self.shard_weight_update!r}."
             )

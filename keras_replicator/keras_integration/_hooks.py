@@ -119,8 +119,14 @@ class KerasHooks:
             return None
         _support.check_supported(optimizer)
         strategy = _compat.optimizer.optimizer_strategy(optimizer)
-        slot = _slots.add_piece_slot(optimizer, reference, name, initializer, strategy)
-        _saving.make_checkpointable(optimizer, slot)
+        slot = _slots.add_piece_slot(
+            optimizer,
+            reference,
+            name,
+            initializer,
+            strategy,
+            prepare=lambda piece: _saving.make_checkpointable(optimizer, piece),
+        )
         return slot.variable
 
     @staticmethod

@@ -9,11 +9,13 @@ Transports, by what the strategy has:
 
 - the socket ring (`MultiWorkerReplicator`, CPU workers, no compression): its
   own reduce-scatter and all-gather phases, so sharding costs no extra traffic;
+  the exact scalars (sample counts) ride in every row, uncompressed;
 - anything else (TensorFlow's collectives, a hierarchy, compression, a TPU):
   the bucket is all-reduced through `communication._all_reduce` with the
-  strategy's options and sliced, and the rows are gathered with the replica
-  context's `all_gather`: correct, one all-gather of extra traffic, no speed
-  gain from the split.
+  strategy's options and sliced, the exact scalars riding uncompressed as for
+  any all-reduce, and the rows are gathered with the replica context's
+  `all_gather`: correct, one all-gather of extra traffic, no speed gain from
+  the split.
 """
 
 from __future__ import annotations
@@ -35,33 +37,40 @@ def _ring(strategy, dtype):
     return ring
 
 
-def uses_ring(strategy, dtype) -> bool:
-    """Whether buckets of `dtype` travel through the ring's own two phases."""
-    return _ring(strategy, dtype) is not None
-
-
-def reduce_scatter(matrix, replica) -> tf.Tensor:
-    """Row `replica` of the sum over replicas of `matrix` (`[N, C]`, replica context).
+def reduce_scatter(layout, tensors, exact, replica):
+    """This replica's pieces of the sums of `tensors`, and the sums of `exact`.
 
     Args:
-        matrix: This replica's `[N, C]` bucket matrix (`_layout.Layout.pack`).
+        layout: The bucket's `_layout.Layout` (no extra columns).
+        tensors: This replica's members of the bucket (one dtype).
+        exact: Float32 scalars every replica needs summed exactly (sample
+            counts); may be empty.
         replica: This replica's id in the sync group.
 
     Returns:
-        The summed row, shape `[C]`.
+        `(pieces, summed_exact)`: one 1-D summed piece per member, and the
+        summed scalars (a list, empty if `exact` is).
     """
     strategy = tf.distribute.get_strategy()
-    num_replicas, columns = matrix.shape
-    ring = _ring(strategy, matrix.dtype)
+    ring = _ring(strategy, tensors[0].dtype)
     if ring is not None:
-        flat = tf.reshape(matrix, [-1])
+        carrying = layout.with_extra_columns(len(exact))
+        flat = tf.reshape(carrying.pack(tensors, exact), [-1])
         (row,) = _all_reduce.ring_call(
-            ring.reduce_scatter, [flat], [tf.TensorShape([columns])], "reduce_scatter"
+            ring.reduce_scatter,
+            [flat],
+            [tf.TensorShape([carrying.row_length])],
+            "reduce_scatter",
         )
-        return row
+        pieces, extra = carrying.split_row(row)
+        summed_exact = tf.unstack(tf.cast(extra, tf.float32)) if exact else []
+        return pieces, summed_exact
     options = dataclasses.replace(_all_reduce.options_of(strategy), bucket_mb=0)
-    (summed,), _ = _all_reduce.all_reduce_sum([matrix], options=options)
-    return tf.gather(summed, replica)
+    (summed,), summed_exact = _all_reduce.all_reduce_sum(
+        [layout.pack(tensors)], exact=exact, options=options
+    )
+    pieces, _ = layout.split_row(tf.gather(summed, replica))
+    return pieces, summed_exact
 
 
 def all_gather(row) -> tf.Tensor:
@@ -80,3 +89,13 @@ def all_gather(row) -> tf.Tensor:
         )
         return tf.reshape(flat, [num_replicas, columns])
     return context.all_gather(row[None, :], axis=0)
+
+
+def sum_small(tensor) -> tf.Tensor:
+    """`tensor` summed over replicas exactly: never compressed, one buffer."""
+    strategy = tf.distribute.get_strategy()
+    options = dataclasses.replace(
+        _all_reduce.options_of(strategy), compression=None, bucket_mb=0
+    )
+    (summed,), _ = _all_reduce.all_reduce_sum([tensor], options=options)
+    return summed

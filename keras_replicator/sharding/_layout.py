@@ -60,6 +60,10 @@ class Layout:
         self.extra_columns = extra_columns
         self.row_length = sum(self.lengths) + extra_columns
 
+    def with_extra_columns(self, count: int) -> Layout:
+        """The same layout with `count` scalars appended to every row."""
+        return Layout(self.shapes, self.num_replicas, count)
+
     def rows_of(self, tensor, index: int) -> tf.Tensor:
         """Member `index` as `[N, L]`: padded with zeros, one piece per row."""
         flat = tf.reshape(tensor, [-1])

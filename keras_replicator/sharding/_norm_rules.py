@@ -10,7 +10,9 @@ state)` completes the step. Padding elements are zero in every piece, so they
 add nothing to the sums.
 
 An optimizer opts in by defining `sharded_partial_squares` and `sharded_finish`
-with those signatures (`kr.optimizers.LARS` does); Keras' `Lamb` gets its halves
+with those signatures, in the class that defines its `update_step` or below it
+(`kr.optimizers.LARS` does; a subclass overriding `update_step` alone is not
+trusted); Keras' `Lamb` gets its halves
 from `_compat.lamb`, which mirrors Keras' own step.
 """
 
@@ -33,8 +35,15 @@ class NormRule:
 
 
 def rule_for(optimizer) -> NormRule | None:
-    """`optimizer`'s two-half step, or None if it has none (element-wise or not
-    shardable)."""
+    """`optimizer`'s two-half step, or None (element-wise, or not shardable).
+
+    Example:
+    >>> import keras, keras_replicator as kr
+    >>> rule_for(keras.optimizers.Adam()) is None
+    True
+    >>> rule_for(kr.optimizers.LARS(0.1)) is not None
+    True
+    """
     if type(optimizer) is keras.optimizers.Lamb:
         return NormRule(
             partial=lambda g, v: _compat.lamb.partial_squares(optimizer, g, v),
@@ -42,8 +51,24 @@ def rule_for(optimizer) -> NormRule | None:
                 optimizer, g, v, lr, s, state
             ),
         )
-    partial = getattr(optimizer, "sharded_partial_squares", None)
-    finish = getattr(optimizer, "sharded_finish", None)
-    if callable(partial) and callable(finish):
-        return NormRule(partial=partial, finish=finish)
-    return None
+    if not _defines_its_halves(type(optimizer)):
+        return None
+    return NormRule(
+        partial=optimizer.sharded_partial_squares, finish=optimizer.sharded_finish
+    )
+
+
+def _defines_its_halves(cls) -> bool:
+    """Whether the class that defines `cls`' `update_step` also defines both
+    halves: a subclass that overrides `update_step` (and not the halves) would
+    otherwise be run by its parent's halves, silently ignoring its own step."""
+    owners = {}
+    for name in ("update_step", "sharded_partial_squares", "sharded_finish"):
+        owners[name] = next((k for k in cls.__mro__ if name in vars(k)), None)
+    if owners["sharded_partial_squares"] is None or owners["sharded_finish"] is None:
+        return False
+    step = owners["update_step"]
+    return all(
+        issubclass(owner, step)
+        for owner in (owners["sharded_partial_squares"], owners["sharded_finish"])
+    )

@@ -124,6 +124,10 @@ def _all_local(strategy) -> bool:
 def _ring(strategy):
     if len(strategy.extended.worker_devices) != 1:
         return None
+    if _all_reduce.options_of(strategy).transport != "socket":
+        return None
+    # The ring's rank is this worker's replica id (`_socket_ring._share`), so
+    # its gathered rows are in replica order.
     return getattr(strategy, _all_reduce.RING_ATTRIBUTE, None)
 
 
@@ -137,9 +141,9 @@ def _scatter(optimizer, pairs) -> None:
     for slot, value in pairs:
         if tuple(value.shape) != slot.shape:
             raise ValueError(
-                f"The saved optimizer state for {slot.variable.path!r} has shape "
-                f"{tuple(value.shape)}, but its variable has shape {slot.shape}. "
-                "Received a file saved from a different model."
+                f"The saved optimizer state for {slot.variable.path!r} must have "
+                f"its variable's shape {slot.shape}. Received: shape "
+                f"{tuple(value.shape)}. Load a file saved from this model."
             )
         length = slot.variable.shape[0]
         flat = np.zeros([num_replicas * length], value.dtype)

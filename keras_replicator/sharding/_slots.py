@@ -23,6 +23,7 @@ attribute on the optimizer would be tracked by Keras and by `tf.train.Checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import weakref
@@ -71,8 +72,11 @@ def sharded_slots(optimizer) -> list[ShardedSlot]:
     return list(state.slots) if state is not None else []
 
 
-def add_piece_slot(optimizer, reference, name, initializer, strategy):
+def add_piece_slot(optimizer, reference, name, initializer, strategy, prepare):
     """Creates the one-piece slot Keras asked for "like" `reference`.
+
+    `prepare(sharded_slot)` runs before Keras tracks the variable (a deferred
+    checkpoint restore fires then, see `_compat.optimizer.add_variable_prepared`).
 
     Returns:
         Its `ShardedSlot` (the Keras variable is its `variable`).
@@ -83,16 +87,23 @@ def add_piece_slot(optimizer, reference, name, initializer, strategy):
     prefix = getattr(reference, "path", None) or str(reference.name)
     slot_name = f"{prefix.replace('/', '_').replace(':', '_')}_{name or 'var'}"
     raw = reference.value if hasattr(reference, "value") else reference
-    with strategy.extended.colocate_vars_with(raw):
-        slot = optimizer.add_variable(
+    with strategy.scope(), strategy.extended.colocate_vars_with(raw):
+        found = []
+
+        def record(variable):
+            found.append(ShardedSlot(variable, shape, num_replicas))
+            _state(optimizer).slots.append(found[0])
+            prepare(found[0])
+
+        _compat.optimizer.add_variable_prepared(
+            optimizer,
+            record,
             shape=(length,),
             initializer=initializer,
             dtype=reference.dtype,
             name=slot_name,
         )
-    sharded = ShardedSlot(slot, shape, num_replicas)
-    _state(optimizer).slots.append(sharded)
-    return sharded
+    return found[0]
 
 
 def piece_variables(optimizer, variables, strategy) -> list:
@@ -122,7 +133,20 @@ def piece_variables(optimizer, variables, strategy) -> list:
                     )
 
         tf.distribute.get_replica_context().merge_call(create)
-    pieces = [state.pieces[k] for k in keys]
+    return [state.pieces[k] for k in keys]
+
+
+@contextlib.contextmanager
+def aliased(optimizer, pieces, variables):
+    """Within: `update_step(grad, piece, lr)` finds `variable`'s slots.
+
+    The aliases exist only while the update is traced: Keras takes the size of
+    its index as the optimizer's variable count (`apply(grads)`).
+    """
     for piece, variable in zip(pieces, variables):
         _compat.optimizer.alias_variable(optimizer, piece, variable)
-    return pieces
+    try:
+        yield
+    finally:
+        for piece in pieces:
+            _compat.optimizer.remove_alias(optimizer, piece)

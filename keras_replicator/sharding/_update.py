@@ -39,8 +39,6 @@ from keras_replicator.sharding import (
     _support,
 )
 
-_MB = 1e6
-
 
 def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
     """Keras' `_backend_update_step`, sharded over the replicas (replica context)."""
@@ -59,9 +57,23 @@ def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
     grads = [_dense(g) for g in grads]
     average = _gradients.averages(optimizer, _compat.is_replicator(strategy))
     grads, exact = _gradients.prepare_sum(grads, average)
+    pieces = _slots.piece_variables(optimizer, variables, strategy)
+    with _slots.aliased(optimizer, pieces, variables):
+        targets, values = _update_buckets(
+            optimizer, context, grads, exact, variables, pieces, learning_rate
+        )
+    _compat.optimizer.merge_call_if_needed(_assign_all, strategy, targets, values)
+
+
+def _update_buckets(optimizer, context, grads, exact, variables, pieces, lr):
+    """Reduce-scatters, updates and all-gathers bucket by bucket.
+
+    Returns:
+        `(targets, values)`: the whole variables and their new values.
+    """
+    strategy = context.strategy
     num_replicas = strategy.num_replicas_in_sync
     replica = context.replica_id_in_sync_group
-    pieces = _slots.piece_variables(optimizer, variables, strategy)
     rule = _norm_rules.rule_for(_support.updating_optimizer(optimizer))
     options = _all_reduce.options_of(strategy)
     buckets = _plan(grads, options.resolved_bucket_mb() * _MB)
@@ -70,40 +82,39 @@ def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
         (total,) = context.all_reduce(tf.distribute.ReduceOp.SUM, exact)
     targets, values = [], []
     for bucket in buckets:
-        carry = exact if total is None and exact else []
-        layout = _layout.Layout(
-            [grads[i].shape for i in bucket], num_replicas, len(carry)
+        carry = exact if total is None else []
+        layout = _layout.Layout([variables[i].shape for i in bucket], num_replicas)
+        summed, summed_exact = _exchange.reduce_scatter(
+            layout, [grads[i] for i in bucket], carry, replica
         )
-        row = _exchange.reduce_scatter(
-            layout.pack([grads[i] for i in bucket], carry), replica
-        )
-        summed, extra = layout.split_row(row)
         if carry:
-            total = tf.cast(extra[0], tf.float32)
+            total = summed_exact[0]
         if exact:
             summed = _gradients.finish_sum(summed, total)
         for j, i in enumerate(bucket):
             pieces[i].assign(layout.piece_of(_read(variables[i]), j, replica))
         if rule is None:
             for i, gradient in zip(bucket, summed):
-                optimizer.update_step(gradient, pieces[i], learning_rate)
+                optimizer.update_step(gradient, pieces[i], lr)
         else:
-            _two_half_updates(rule, [pieces[i] for i in bucket], summed, learning_rate)
+            _two_half_updates(rule, [pieces[i] for i in bucket], summed, lr)
         updated = [pieces[i].read_value() for i in bucket]
         gathered = _exchange.all_gather(tf.concat(updated, axis=0))
-        whole = _layout.Layout([grads[i].shape for i in bucket], num_replicas)
-        for i, value in zip(bucket, whole.unpack(gathered)):
+        for i, value in zip(bucket, layout.unpack(gathered)):
             targets.append(_raw(variables[i]))
             values.append(value)
-    _compat.optimizer.merge_call_if_needed(_assign_all, strategy, targets, values)
+    return targets, values
 
 
 def _two_half_updates(rule, pieces, gradients, learning_rate) -> None:
     """A bucket's steps of a norm optimizer: halves around one all-reduce."""
     partial = [rule.partial(g, piece) for g, piece in zip(gradients, pieces)]
     squares = [tf.convert_to_tensor(s) for s, _ in partial]
-    stacked = tf.stack([tf.cast(s, tf.float64) for s in squares])
-    (total,), _ = _all_reduce.all_reduce_sum([stacked])
+    # Summed in float64 (TPUs have no float64 collectives: float32 there).
+    wide = tf.float64
+    if isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy):
+        wide = tf.float32
+    total = _exchange.sum_small(tf.stack([tf.cast(s, wide) for s in squares]))
     for k, (g, piece) in enumerate(zip(gradients, pieces)):
         summed = tf.cast(total[k], squares[k].dtype)
         rule.finish(g, piece, learning_rate, summed, partial[k][1])
@@ -112,6 +123,7 @@ def _two_half_updates(rule, pieces, gradients, learning_rate) -> None:
 # Buckets of these dtypes carry the exact float32 sample counts (as in
 # `communication._all_reduce`); a 16-bit bucket would round counts above 2048.
 _EXACT_CARRIERS = (tf.float32, tf.float64)
+_MB = 1e6
 
 
 def _plan(grads, bucket_bytes) -> list[list[int]]:

@@ -71,7 +71,9 @@ def _plain_loop(shard, wrapped):
     "loop",
     [
         _run_steps,
-        lambda shard: _plain_loop(shard, wrapped=True),
+        pytest.param(
+            lambda shard: _plain_loop(shard, wrapped=True), marks=pytest.mark.slow
+        ),
         lambda shard: _plain_loop(shard, wrapped=False),
     ],
     ids=["run_steps", "wrap_optimizer", "stock_sum"],

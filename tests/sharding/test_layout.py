@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_replicator.sharding import _exchange, _layout, _saving, _support
+from keras_replicator.sharding import _layout, _norm_rules, _support
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4])
 def test_pack_then_unpack_is_the_identity_and_rows_hold_the_pieces(replicas):
-    shapes = [(7, 5), (5,), (1,), (2, 3, 2)]
+    shapes = [(7, 5), (5,), (1,), (2, 3, 2), (), (0,)]
     tensors = [tf.reshape(tf.range(np.prod(s), dtype=tf.float64), s) for s in shapes]
     layout = _layout.Layout(shapes, replicas, extra_columns=1)
     matrix = layout.pack(tensors, extra=[tf.constant(3.0)])
@@ -24,12 +24,14 @@ def test_pack_then_unpack_is_the_identity_and_rows_hold_the_pieces(replicas):
             np.testing.assert_array_equal(piece, expected)
     for back, tensor in zip(layout.unpack(matrix), tensors):
         np.testing.assert_array_equal(back, tensor)
-    # Padding: at most replicas - 1 elements per variable.
-    padded = sum(layout.lengths) * replicas - sum(int(np.prod(s)) for s in shapes)
-    assert 0 <= padded <= len(shapes) * (replicas - 1)
+    # Padding: at most replicas - 1 elements per variable (an empty one: 1 row).
+    for length, shape in zip(layout.lengths, shapes):
+        size = int(np.prod(shape))
+        padding = length * replicas - size
+        assert 0 <= padding <= (replicas - 1 if size else replicas)
 
 
 def test_docstring_examples_run():
-    for module in (_layout, _support, _exchange, _saving):
+    for module in (_layout, _support, _norm_rules):
         flags = doctest.ELLIPSIS
         assert doctest.testmod(module, optionflags=flags).failed == 0, module

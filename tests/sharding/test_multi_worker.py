@@ -91,7 +91,7 @@ def _train(shard, name, save_dir):
     "name",
     [
         "sgd_momentum",
-        "lars",
+        pytest.param("lars", marks=pytest.mark.slow),
         pytest.param("adam", marks=pytest.mark.slow),
         pytest.param("lamb", marks=pytest.mark.slow),
     ],
@@ -115,7 +115,11 @@ def test_two_workers_sharded_equal_unsharded_and_resume_anywhere(name, tmp_path)
     try:
         one_device = keras.models.load_model(path)
         t.fit(one_device, epochs=1)
-        assert t.max_difference(t.weights(one_device), sharded["weights"]) <= 1e-12
+        # One device sums in another order; Adam and Lamb divide by sqrt(v),
+        # which amplifies the last bit (tests/sharding/test_saving.py).
+        tolerance = 1e-9 if name in ("adam", "lamb") else 1e-12
+        difference = t.max_difference(t.weights(one_device), sharded["weights"])
+        assert difference <= tolerance
         four = kr.MultiDeviceReplicator(
             num_replicas=4, all_reduce=kr.AllReduceOptions(shard_weight_update=True)
         )

@@ -17,7 +17,10 @@ from tests.sharding import _training as t
 
 OPTIMIZERS = {
     "lars": lambda: kr.optimizers.LARS(0.5, momentum=0.9, weight_decay=1e-3, eeta=0.01),
-    "lars_nesterov_no_momentum_excluded": lambda: kr.optimizers.LARS(
+    "lars_nesterov": lambda: kr.optimizers.LARS(
+        0.5, momentum=0.9, nesterov=True, eeta=0.01
+    ),
+    "lars_no_momentum_kernels_excluded": lambda: kr.optimizers.LARS(
         0.5, momentum=0.0, exclude_from_layer_adaptation=["kernel$"]
     ),
     "lamb": lambda: keras.optimizers.Lamb(0.01, weight_decay=0.01),
@@ -25,8 +28,15 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
-@pytest.mark.parametrize("name", ["lars", "lamb"])
+@pytest.mark.parametrize(
+    "name, replicas",
+    [
+        ("lars", 2),
+        ("lamb", 4),
+        pytest.param("lars", 4, marks=pytest.mark.slow),
+        pytest.param("lamb", 2, marks=pytest.mark.slow),
+    ],
+)
 def test_norm_optimizers_sharded_equal_unsharded(name, replicas):
     runs = [
         t.fit(t.model_in(t.strategy(replicas, shard), OPTIMIZERS[name]))
@@ -36,8 +46,10 @@ def test_norm_optimizers_sharded_equal_unsharded(name, replicas):
 
 
 @pytest.mark.parametrize(
-    "name", ["lars_nesterov_no_momentum_excluded", "adam_global_clipnorm"]
+    "name",
+    ["lars_nesterov", "lars_no_momentum_kernels_excluded", "adam_global_clipnorm"],
 )
+@pytest.mark.slow
 def test_variants_sharded_equal_unsharded(name):
     runs = [
         t.fit(t.model_in(t.strategy(2, shard), OPTIMIZERS[name]))
@@ -46,6 +58,7 @@ def test_variants_sharded_equal_unsharded(name):
     t.assert_same_training(*runs, 1e-12)
 
 
+@pytest.mark.slow
 def test_lars_trust_ratios_are_those_of_the_whole_variables():
     runs = [
         t.fit(t.model_in(t.strategy(4, shard), OPTIMIZERS["lars"]), epochs=1)
@@ -78,3 +91,23 @@ def test_lamb_halves_equal_keras_lamb_on_one_variable():
             optimizer.iterations.assign_add(1)
         results.append(variable.numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-14, atol=1e-15)
+
+
+class _ElementWiseOptIn(keras.optimizers.SGD):
+    """A user's optimizer opting in with the two halves (docs' recipe)."""
+
+    def sharded_partial_squares(self, gradient, variable):
+        return keras.ops.zeros([0], variable.dtype), None
+
+    def sharded_finish(self, gradient, variable, learning_rate, squares, state):
+        self.update_step(gradient, variable, learning_rate)
+
+
+def _opt_in():
+    return _ElementWiseOptIn(0.1, 0.9, name="opt_in")
+
+
+def test_an_optimizer_opting_in_with_the_two_halves_shards():
+    runs = [t.fit(t.model_in(t.strategy(2, shard), _opt_in)) for shard in (False, True)]
+    t.assert_same_training(*runs, 1e-12)
+    assert len(runs[1].optimizer.variables[2].value.values[0].numpy()) == 18  # 35/2

@@ -10,6 +10,7 @@ import math
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_replicator as kr
 from tests.sharding import _training as t
@@ -25,11 +26,23 @@ OPTIMIZERS = {
     "adagrad": lambda: keras.optimizers.Adagrad(0.1),
     "lion": lambda: keras.optimizers.Lion(0.001),
     "nadam": lambda: keras.optimizers.Nadam(0.01),
+    "adamax": lambda: keras.optimizers.Adamax(0.01),
+    "adadelta": lambda: keras.optimizers.Adadelta(1.0),
+    "ftrl": lambda: keras.optimizers.Ftrl(
+        0.1, l1_regularization_strength=0.01, l2_shrinkage_regularization_strength=0.01
+    ),
 }
 
 
 class _MyAdam(keras.optimizers.Adam):
     """A subclass may override `update_step` with anything: not trusted."""
+
+
+class _MyLARS(kr.optimizers.LARS):
+    """Overrides the step but not the halves: LARS' halves would ignore it."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(2 * gradient, variable, learning_rate)
 
 
 def _excluding_biases(optimizer):
@@ -42,30 +55,36 @@ def _run(name, replicas, shard):
     return t.fit(model)
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
-@pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
+@pytest.mark.parametrize(
+    "name, replicas",
+    [
+        ("sgd_momentum", 2),
+        ("adam", 4),
+        pytest.param("sgd_momentum", 4, marks=pytest.mark.slow),
+        pytest.param("adam", 2, marks=pytest.mark.slow),
+    ],
+)
 def test_weights_and_state_equal_the_unsharded_run(name, replicas):
     plain, sharded = _run(name, replicas, False), _run(name, replicas, True)
     t.assert_same_training(plain, sharded, 1e-12)
     assert int(sharded.optimizer.iterations.numpy()) == 20
 
 
+# Three in the default run; the rest with `make test-slow`.
+_SWEEP = ["adamw_excluding_biases", "rmsprop_centered", "ftrl"]
+_SLOW_SWEEP = ["nesterov", "adagrad", "lion", "nadam", "adamax", "adadelta"]
+
+
 @pytest.mark.parametrize(
     "name",
-    [
-        "nesterov",
-        "adamw_excluding_biases",
-        "rmsprop_centered",
-        "adagrad",
-        "lion",
-        "nadam",
-    ],
+    _SWEEP + [pytest.param(n, marks=pytest.mark.slow) for n in _SLOW_SWEEP],
 )
 def test_every_element_wise_optimizer_matches(name):
     plain, sharded = _run(name, 2, False), _run(name, 2, True)
     t.assert_same_training(plain, sharded, 1e-12)
 
 
+@pytest.mark.slow
 def test_several_steps_per_execution_match():
     runs = [
         t.fit(
@@ -162,6 +181,7 @@ def test_mixed_precision_loss_scaling_matches_unsharded():
         (lambda: keras.optimizers.Adafactor(0.01), "Adafactor"),
         (lambda: kr.optimizers.Neumann(0.01), "Neumann"),
         (lambda: _MyAdam(0.01), "_MyAdam"),
+        (lambda: _MyLARS(0.1), "_MyLARS"),
     ],
 )
 def test_an_optimizer_that_is_not_element_wise_is_refused_by_name(optimizer, name):
@@ -171,6 +191,43 @@ def test_an_optimizer_that_is_not_element_wise_is_refused_by_name(optimizer, nam
 
 
 def test_the_option_is_checked():
-    with pytest.raises(ValueError, match="shard_weight_update="):
+    with pytest.raises(TypeError, match="shard_weight_update="):
         kr.AllReduceOptions(shard_weight_update="yes")
     assert kr.AllReduceOptions(shard_weight_update=True).shard_weight_update
+
+
+def test_apply_without_variables_still_counts_the_models_variables():
+    """The piece variables' slot aliases exist only while the update traces."""
+    strategy = t.strategy(2, True)
+    model = t.model_in(strategy, OPTIMIZERS["adam"])
+    t.fit(model, epochs=1)
+    optimizer = model.optimizer
+
+    @tf.function
+    def step():
+        def apply():
+            grads = [tf.ones_like(v) for v in model.trainable_variables]
+            optimizer.apply(grads)  # no variables: Keras counts its index
+
+        strategy.run(apply)
+
+    before = t.weights(model)
+    step()
+    step()
+    assert t.max_difference(before, t.weights(model)) > 0
+
+
+def test_compressed_wire_keeps_the_sample_count_exact():
+    """bf16 cannot hold 257: the count must travel apart from the gradients."""
+    x, y = t.data("float32")
+    x, y = np.concatenate([x] * 4)[:514], np.concatenate([y] * 4)[:514]
+    runs = []
+    for shard in (False, True):
+        model = t.model_in(
+            t.strategy(2, shard, compression="bf16"),
+            OPTIMIZERS["sgd_momentum"],
+            dtype="float32",
+        )
+        model.fit(x, y, batch_size=514, epochs=3, verbose=0, shuffle=False)
+        runs.append(model)
+    t.assert_same_training(*runs, 1e-7)
