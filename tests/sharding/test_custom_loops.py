@@ -74,7 +74,9 @@ def _plain_loop(shard, wrapped):
         pytest.param(
             lambda shard: _plain_loop(shard, wrapped=True), marks=pytest.mark.slow
         ),
-        lambda shard: _plain_loop(shard, wrapped=False),
+        pytest.param(
+            lambda shard: _plain_loop(shard, wrapped=False), marks=pytest.mark.slow
+        ),
     ],
     ids=["run_steps", "wrap_optimizer", "stock_sum"],
 )

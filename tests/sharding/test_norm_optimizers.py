@@ -32,9 +32,9 @@ OPTIMIZERS = {
     "name, replicas",
     [
         ("lars", 2),
-        ("lamb", 4),
+        ("lamb", 2),
         pytest.param("lars", 4, marks=pytest.mark.slow),
-        pytest.param("lamb", 2, marks=pytest.mark.slow),
+        pytest.param("lamb", 4, marks=pytest.mark.slow),
     ],
 )
 def test_norm_optimizers_sharded_equal_unsharded(name, replicas):
