@@ -4,8 +4,9 @@ build. Each patch below says why no public hook serves (`keras_integration/` ans
 Also the internals `optimizers/_whole_list.py` (Neumann, NLCG) reads to update every
 variable at once: Keras' per-step hook `_backend_update_step` (overridden there, so
 `check_upstream` verifies Keras still calls it), the optimizer's strategy and variable
-list, its gradient all-reduce and TF's `maybe_merge_call`. No upstream issue asks
-for a public whole-list update; Keras' own `Nadam` overrides the same hook.
+list and its gradient all-reduce (TF's `maybe_merge_call` is in `_compat.strategy`).
+No upstream issue asks for a public whole-list update; Keras' own `Nadam` overrides
+the same hook.
 """
 
 from __future__ import annotations
@@ -86,9 +87,6 @@ def check_upstream() -> dict[str, str]:
         if not callable(getattr(optimizer, name, None)):
             changed[f"Optimizer.{name}"] = "missing"
     changed.update(_check_update_step_hook(optimizer))
-    interim = getattr(tf.__internal__.distribute, "interim", None)
-    if not callable(getattr(interim, "maybe_merge_call", None)):
-        changed["tf.__internal__.distribute.interim.maybe_merge_call"] = "missing"
     index = inspect.getsource(_base_optimizer.BaseOptimizer._get_variable_index)
     if "self._trainable_variables_indices[self._var_key(variable)]" not in index:
         changed["BaseOptimizer._get_variable_index"] = (
@@ -244,18 +242,6 @@ def reduced_gradients(optimizer, grads, variables) -> list:
     """
     pairs = optimizer._all_reduce_sum_gradients(list(zip(grads, variables)))
     return [gradient for gradient, _ in pairs]
-
-
-def merge_call_if_needed(fn, strategy, *args, **kwargs):
-    """Calls `fn(strategy, *args)` in the cross-replica context (a `merge_call`).
-
-    TF's `tf.__internal__.distribute.interim.maybe_merge_call` is what Keras' TF
-    optimizer uses to assign per device (and skips the merge under strategies that
-    support no-merge-call updates); `tf.distribute` has no public equivalent.
-    """
-    return tf.__internal__.distribute.interim.maybe_merge_call(
-        fn, strategy, *args, **kwargs
-    )
 
 
 def _patch_loss_scaling(hooks):

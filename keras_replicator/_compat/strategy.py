@@ -1,4 +1,5 @@
-"""tf.distribute internals: which strategies are ours, collective keys, worker count.
+"""tf.distribute internals: which strategies are ours, collective keys, worker count,
+per-device assignment from a replica context.
 
 No public TensorFlow API says whether a strategy spans several workers, nor lets two
 MirroredStrategies in one process use different collective groups; see each function.
@@ -58,9 +59,36 @@ def in_multi_worker_mode(strategy) -> bool:
     return strategy.extended._in_multi_worker_mode()
 
 
+def assign_in_every_replica(strategy, targets, values) -> None:
+    """Assigns `values` (one per replica, replica context) to `targets`.
+
+    TF's `tf.__internal__.distribute.interim.maybe_merge_call` (what Keras'
+    TF optimizer uses; it skips the merge under strategies that support
+    no-merge-call updates; `tf.distribute` has no public equivalent), then
+    `extended.update` per variable, as Keras' `_distributed_tf_update_step`
+    assigns: each device's copy gets its own replica's value. Used by
+    whole-list optimizers and the sharded update.
+    """
+
+    def assign_all(distribution, targets, values):
+        for target, value in zip(targets, values):
+            distribution.extended.update(target, _assign, args=(value,), group=False)
+
+    tf.__internal__.distribute.interim.maybe_merge_call(
+        assign_all, strategy, targets, values
+    )
+
+
+def _assign(variable, value):
+    return variable.assign(tf.cast(value, variable.dtype))
+
+
 def check_upstream() -> dict[str, str]:
     """{name: what changed} for the tf.distribute internals read here."""
     changed = {}
+    interim = getattr(tf.__internal__.distribute, "interim", None)
+    if not callable(getattr(interim, "maybe_merge_call", None)):
+        changed["tf.__internal__.distribute.interim.maybe_merge_call"] = "missing"
     from tensorflow.python.distribute import (
         collective_all_reduce_strategy,
         mirrored_strategy,

@@ -23,8 +23,9 @@ loss-scale unscaling all happen in `BaseOptimizer` around step 1 and are unchang
 The hook and what it uses (the all-reduce, the optimizer's strategy, TF's
 `maybe_merge_call`, the slot index) are private Keras/TF names. The override must
 live here, in the subclass; everything else is reached through
-`keras_replicator._compat.optimizer`, whose `check_upstream()` (tests/test_compat.py)
-fails if a Keras release stops calling the hook, changes its signature or changes
+`keras_replicator._compat.optimizer` (and `_compat.strategy` for the per-device
+assignment), whose `check_upstream()` (tests/test_compat.py) fails if a Keras
+release stops calling the hook, changes its signature or changes
 the `TFOptimizer` version this one mirrors.
 """
 
@@ -66,18 +67,9 @@ class WholeListOptimizer(keras.optimizers.Optimizer):
         pairs = self._new_values(dense, trainable_variables, learning_rate)
         targets = [_raw(v) for v, _ in pairs]
         values = [value for _, value in pairs]
-        _compat.optimizer.merge_call_if_needed(
-            _assign_all, _compat.optimizer.optimizer_strategy(self), targets, values
+        _compat.strategy.assign_in_every_replica(
+            _compat.optimizer.optimizer_strategy(self), targets, values
         )
-
-
-def _assign_all(distribution, targets, values):
-    for target, value in zip(targets, values):
-        distribution.extended.update(target, _assign, args=(value,), group=False)
-
-
-def _assign(variable, value):
-    return variable.assign(tf.cast(value, variable.dtype))
 
 
 def _raw(variable):

@@ -62,7 +62,7 @@ def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
         targets, values = _update_buckets(
             optimizer, context, grads, exact, variables, pieces, learning_rate
         )
-    _compat.optimizer.merge_call_if_needed(_assign_all, strategy, targets, values)
+    _compat.strategy.assign_in_every_replica(strategy, targets, values)
 
 
 def _update_buckets(optimizer, context, grads, exact, variables, pieces, lr):
@@ -139,15 +139,6 @@ def _plan(grads, bucket_bytes) -> list[list[int]]:
         for bucket in _buckets.plan(sizes, bucket_bytes):
             buckets.append([indices[j] for j in bucket])
     return buckets
-
-
-def _assign_all(distribution, targets, values):
-    for target, value in zip(targets, values):
-        distribution.extended.update(target, _assign, args=(value,), group=False)
-
-
-def _assign(variable, value):
-    return variable.assign(tf.cast(value, variable.dtype))
 
 
 def _raw(variable):

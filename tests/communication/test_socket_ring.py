@@ -81,18 +81,18 @@ def test_a_ring_that_cannot_open_names_the_workers_and_the_way_out():
 
 
 # ----------------------------------------------------------------- faults (issue 22)
-def _run_timed(rings, inputs, limit=10.0):
-    """`_run` that also returns each worker's error (or None) and the wall time."""
-    outcomes = [None] * len(rings)
+def _together(rings, work, limit=10.0):
+    """Runs `work(r, ring)` on every ring at once; (results, errors, seconds)."""
+    results, errors = [None] * len(rings), [None] * len(rings)
 
-    def work(r):
+    def run(r):
         try:
-            rings[r].all_reduce(*inputs[r])
+            results[r] = work(r, rings[r])
         except Exception as error:  # noqa: BLE001 - checked by the test
-            outcomes[r] = error
+            errors[r] = error
 
     threads = [
-        threading.Thread(target=work, args=(r,), daemon=True) for r in range(len(rings))
+        threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(rings))
     ]
     start = time.monotonic()
     for t in threads:
@@ -100,7 +100,15 @@ def _run_timed(rings, inputs, limit=10.0):
     for t in threads:
         t.join(limit)
     assert not any(t.is_alive() for t in threads), "a ring call hung"
-    return outcomes, time.monotonic() - start
+    return results, errors, time.monotonic() - start
+
+
+def _run_timed(rings, inputs, limit=10.0):
+    """`_run` that also returns each worker's error (or None) and the wall time."""
+    _, errors, seconds = _together(
+        rings, lambda r, ring: ring.all_reduce(*inputs[r]), limit
+    )
+    return errors, seconds
 
 
 @pytest.mark.parametrize(

@@ -6,41 +6,17 @@ sharding runs around the optimizer: checked against NumPy, against `all_reduce`
 """
 
 import doctest
-import threading
-import time
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from keras_replicator.communication import _ring_frames, _socket_ring
-from tests.communication.test_socket_ring import _rings
+from tests.communication.test_socket_ring import _rings, _together
 
 pytestmark = pytest.mark.timeout(60)
 
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
-
-
-def _together(rings, work, limit=10.0):
-    """Runs `work(r, ring)` on every ring at once; (results, errors, seconds)."""
-    results, errors = [None] * len(rings), [None] * len(rings)
-
-    def run(r):
-        try:
-            results[r] = work(r, rings[r])
-        except Exception as error:  # noqa: BLE001 - checked by the test
-            errors[r] = error
-
-    threads = [
-        threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(rings))
-    ]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(limit)
-    assert not any(t.is_alive() for t in threads), "a ring call hung"
-    return results, errors, time.monotonic() - start
 
 
 def _inputs(size, length, dtype, seed=0):
