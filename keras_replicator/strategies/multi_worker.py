@@ -99,7 +99,7 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             communication_options=communication_options,
         )
         setattr(self, _all_reduce.TIMEOUT_ATTRIBUTE, collective_timeout)
-        ring = None
+        ring, bucket = None, int(options.resolved_bucket_mb() * 1e6)
         if options.transport == "socket":
             if len(self.extended.worker_devices) != 1:
                 raise ValueError(
@@ -107,10 +107,12 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                     f"workers). Received: {len(self.extended.worker_devices)} local "
                     "devices. Use transport='collective' on multi-GPU workers."
                 )
-            ring = _socket_ring.SocketRing.connect(self, timeout=collective_timeout)
+            ring = _socket_ring.SocketRing.connect(
+                self, timeout=collective_timeout, bucket_bytes=bucket
+            )
         elif options.transport is None and self._kr_ring_fits(options):
             ring = _socket_ring.SocketRing.connect(
-                self, timeout=collective_timeout, required=False
+                self, timeout=collective_timeout, required=False, bucket_bytes=bucket
             )
         if ring is not None:
             setattr(self, _all_reduce.RING_ATTRIBUTE, ring)

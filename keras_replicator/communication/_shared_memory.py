@@ -1,0 +1,399 @@
+"""The socket ring's payloads through shared memory, between workers on one machine.
+
+Why (issue 23): on one host, loopback TCP makes the kernel copy every byte twice
+(into the socket buffer, out of it) and run the TCP stack over it, on the same cores
+that compute the step. A 25 MB ring all-reduce between 2 processes took 12 ms
+through sockets where the same bytes cost 1.4 ms to copy and 1.3 ms to add with
+numpy (`benchmarks/allreduce.py`, docs/performance.md). As NCCL's SHM transport
+does between processes of one node, each worker here writes what it sends into a
+memory segment its right neighbour has mapped, and the neighbour reads (and adds)
+straight out of it: one copy and one pass per byte.
+
+The sockets stay: each step still goes through them as a small *note* (sequence,
+bytes, the segment's name when it grows), answered by an *ack* once the data has
+been read, so everything `_ring_frames` guarantees holds unchanged: the
+connections proved the job's secret, every call's header is checked before any
+data, one deadline bounds the call, and a dead or hung neighbour is an error (its
+connection closes or the deadline passes). A segment has two slots, so a worker
+can write step k + 1 while its neighbour still reads step k; it waits for the ack
+of step k - 1 before it writes over that slot again.
+
+Which links use it is found out, not configured: when the ring opens, each worker
+creates its segment in `/dev/shm` (mode 0600) with a random token in it, and
+offers its name and token to its right neighbour over their proven connection;
+the neighbour maps it, unlinks it (nothing outlives a crash after that point) and
+answers whether the token matched. Workers on different machines, or a neighbour
+that cannot map it, keep plain socket payloads on that link. Space is reserved
+with `posix_fallocate` before any byte is written (a full `/dev/shm`, e.g.
+Docker's 64 MB default, would otherwise kill the process with SIGBUS); a segment
+that cannot grow sends that step's bytes through the socket instead.
+`KERAS_REPLICATOR_RING_SHARED_MEMORY=0` turns it off (as `NCCL_SHM_DISABLE`).
+
+Hand-written: `multiprocessing.shared_memory` registers every segment a process
+attaches with its resource tracker before Python 3.13, which unlinks it when that
+process exits, and it cannot reserve space; `mmap` and `os` are all it needs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import struct
+import threading
+import warnings
+
+import numpy as np
+
+from keras_replicator.communication import _ring_frames
+
+ENVIRONMENT_VARIABLE = "KERAS_REPLICATOR_RING_SHARED_MEMORY"
+DIRECTORY = "/dev/shm"
+_OFFER = struct.Struct("!4s64s32s")  # magic, segment name ("" if none), token
+_NOTE = struct.Struct("!4sQQ64s")  # magic, step, bytes, new segment name or ""
+_ACK = struct.Struct("!4sQ")  # magic, step
+_OFFER_MAGIC, _SHARED, _INLINE, _ACK_MAGIC = b"KRo1", b"KRs1", b"KRt1", b"KRa1"
+_FIRST_SLOT = 1 << 20  # bytes; a slot grows to the largest step (doubling)
+
+
+def enabled() -> bool:
+    """Whether `KERAS_REPLICATOR_RING_SHARED_MEMORY` allows it (default: yes).
+
+    Example:
+    >>> os.environ.pop(ENVIRONMENT_VARIABLE, None) and None
+    >>> enabled()
+    True
+    """
+    value = os.environ.get(ENVIRONMENT_VARIABLE, "1").strip().lower()
+    if value in ("1", "true", "yes", ""):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(
+        f"`{ENVIRONMENT_VARIABLE}` must be 1 (use shared memory between workers on "
+        f"one machine) or 0 (sockets only). Received: {ENVIRONMENT_VARIABLE}="
+        f"{os.environ[ENVIRONMENT_VARIABLE]!r}."
+    )
+
+
+class _Segment:
+    """A mapped file of `/dev/shm`: two slots of `slot_bytes`."""
+
+    def __init__(self, name: str, slot_bytes: int, create: bool):
+        path = os.path.join(DIRECTORY, name)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        descriptor = os.open(path, flags, 0o600)
+        try:
+            if create:
+                try:
+                    os.posix_fallocate(descriptor, 0, 2 * slot_bytes)
+                except OSError:
+                    os.unlink(path)
+                    raise
+            # Pages mapped up front: the first call does not fault them in.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.map = mmap.mmap(descriptor, 2 * slot_bytes, flags=flags)
+        finally:
+            os.close(descriptor)
+        self.name, self.path, self.slot_bytes = name, path, slot_bytes
+
+    @classmethod
+    def create(cls, slot_bytes: int) -> _Segment:
+        return cls(f"krring-{os.getpid()}-{secrets.token_hex(8)}", slot_bytes, True)
+
+    def view(self, step: int, dtype, elements: int, offset: int = 0) -> np.ndarray:
+        start = (step % 2) * self.slot_bytes + offset
+        return np.frombuffer(self.map, dtype, elements, start)
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass  # the neighbour unlinked it once mapped
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a view is still alive; the mapping goes with it
+
+
+class Link:
+    """One worker's shared-memory ends: `outbox` (to rank + 1), `inbox` (from rank - 1).
+
+    Either may be None: that direction carries plain socket payloads (both None:
+    `_ring_frames.exchange`, the socket ring as it was before shared memory).
+    """
+
+    def __init__(self, outbox: _Segment | None, inbox: _Segment | None):
+        self.outbox, self.inbox = outbox, inbox
+        self._sent = self._acked = self._received = 0  # steps
+        self._warned = False
+
+    def close(self) -> None:
+        for segment in (self.outbox, self.inbox):
+            if segment is not None:
+                segment.unlink()
+                segment.close()
+        self.outbox = self.inbox = None
+
+    # ------------------------------------------------------------- one ring step
+    def exchange(self, sockets, rank, size, outgoing, incoming, deadline, header, plus):
+        """`_ring_frames.exchange` with payloads in shared memory where mapped.
+
+        `plus`: arrays added to `incoming` once received (the reduce phase), in
+        one pass with the read when it comes from shared memory.
+        """
+        if self.outbox is None and self.inbox is None:  # sockets only, as ever
+            sent = _ring_frames.exchange(
+                sockets, rank, size, outgoing, incoming, deadline, header
+            )
+            add_into(incoming, plus)
+            return sent
+        sock, source = sockets
+        left, right = (rank - 1) % size, (rank + 1) % size
+        if header is not None:  # both checked before any data, as over TCP
+            _closed_is(right, _ring_frames.send_all, sock, [header], deadline)
+            theirs = _closed_is(
+                left, _ring_frames.receive_exact, source, len(header), deadline
+            )
+            _ring_frames.check_header(theirs, header, rank, left)
+        inline_send = self._post(sock, outgoing, deadline, right)
+        thread, errors = None, []
+        if inline_send is not None:  # large: sent while receiving, as over TCP
+            thread = threading.Thread(
+                target=_send_catching, args=(sock, inline_send, deadline, errors)
+            )
+            thread.daemon = True
+            thread.start()
+        try:
+            self._take(source, incoming, plus, deadline, left, rank)
+        except BaseException:
+            if thread is not None:
+                _ring_frames.shut_down(*sockets)
+                thread.join()
+            raise
+        if thread is not None:
+            thread.join()
+            if errors:
+                _closed_is(right, _raise, errors[0])
+        return sum(a.nbytes for a in outgoing)
+
+    def _post(self, sock, outgoing, deadline, right):
+        """Writes `outgoing` to the outbox and sends its note; or returns the
+        byte views to send through the socket (no outbox, or it cannot grow)."""
+        step, size = self._sent + 1, sum(a.nbytes for a in outgoing)
+        views = [memoryview(a.reshape(-1).view(np.uint8)) for a in outgoing]
+        if self.outbox is None:
+            self._sent = step
+            return views
+        self._wait_for_ack(sock, step - 2, deadline, right)
+        grown, name = self._fit(sock, size, step, deadline, right), b""
+        if grown is None:  # no room: this step through the socket
+            _closed_is(
+                right,
+                _ring_frames.send_all,
+                sock,
+                [_note(_INLINE, step, size)],
+                deadline,
+            )
+            self._sent = step
+            return views
+        if grown:
+            name = self.outbox.name.encode()
+        offset = 0
+        for a in outgoing:
+            flat = a.reshape(-1).view(np.uint8)
+            self.outbox.view(step, np.uint8, flat.size, offset)[...] = flat
+            offset += flat.size
+        note = _note(_SHARED, step, size, name)
+        _closed_is(right, _ring_frames.send_all, sock, [note], deadline)
+        self._sent = step
+        return None
+
+    def _fit(self, sock, size, step, deadline, right):
+        """Grows the outbox to hold `size` bytes: True if it grew, None if it cannot."""
+        if size <= self.outbox.slot_bytes:
+            return False
+        self._wait_for_ack(sock, step - 1, deadline, right)  # both slots read
+        slot = self.outbox.slot_bytes
+        while slot < size:
+            slot *= 2
+        try:
+            segment = _Segment.create(slot)
+        except OSError as error:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"The socket ring could not grow its shared memory to {2 * slot} "
+                    f"bytes in {DIRECTORY} ({error}); larger steps go through the "
+                    "socket. Give the machine a larger /dev/shm to keep them fast.",
+                    stacklevel=2,
+                )
+            return None
+        self.outbox.unlink()
+        self.outbox.close()
+        self.outbox = segment
+        return True
+
+    def _wait_for_ack(self, sock, step, deadline, right):
+        while self._acked < step:
+            frame = _closed_is(
+                right, _ring_frames.receive_exact, sock, _ACK.size, deadline
+            )
+            magic, acked = _ACK.unpack(frame)
+            if magic != _ACK_MAGIC or acked != self._acked + 1:
+                raise _ring_frames.FrameMismatch(
+                    f"worker {right} acknowledged {frame!r}, not step "
+                    f"{self._acked + 1} of the shared-memory link"
+                )
+            self._acked = acked
+
+    def _take(self, source, incoming, plus, deadline, left, rank):
+        """Receives this step's note and data from the left; acks shared data."""
+        step, size = self._received + 1, sum(a.nbytes for a in incoming)
+        views = [memoryview(a.reshape(-1).view(np.uint8)) for a in incoming]
+        if self.inbox is None:
+            _closed_is(left, _ring_frames.receive_into, source, views, deadline)
+            self._received = step
+            add_into(incoming, plus)
+            return
+        frame = _closed_is(
+            left, _ring_frames.receive_exact, source, _NOTE.size, deadline
+        )
+        magic, theirs, sent, name = _NOTE.unpack(frame)
+        if magic not in (_SHARED, _INLINE) or theirs != step or sent != size:
+            raise _ring_frames.FrameMismatch(
+                f"worker {left} sent step {theirs} of {sent} bytes ({magic!r}) where "
+                f"worker {rank} expected step {step} of {size} bytes: the workers' "
+                "calls differ"
+            )
+        if magic == _INLINE:
+            _closed_is(left, _ring_frames.receive_into, source, views, deadline)
+            add_into(incoming, plus)
+        else:
+            if name.rstrip(b"\0"):
+                self._attach(name.rstrip(b"\0").decode())
+            self._read(step, incoming, plus)
+        self._received = step
+        try:
+            _ring_frames.send_all(source, [_ACK.pack(_ACK_MAGIC, step)], deadline)
+        except ConnectionError:
+            # The data is here: this call is complete. A neighbour that closed
+            # after its last call (a worker exiting) needs no ack; one that still
+            # waits for it fails on its own, and so does this worker's next call.
+            pass
+
+    def _attach(self, name: str) -> None:
+        """Maps the left neighbour's new (larger) segment in place of the old."""
+        segment = _Segment(
+            name, os.stat(os.path.join(DIRECTORY, name)).st_size // 2, create=False
+        )
+        segment.unlink()
+        self.inbox.close()
+        self.inbox = segment
+
+    def _read(self, step, incoming, plus) -> None:
+        offset = 0
+        for index, part in enumerate(incoming):
+            flat = part.reshape(-1)
+            shared = self.inbox.view(step, flat.dtype, flat.size, offset)
+            offset += flat.nbytes
+            if plus is None:
+                flat[...] = shared
+            elif flat.dtype.itemsize < 4:  # numpy adds 16-bit floats in float32
+                own = plus[index].reshape(-1).astype(np.float32)
+                flat[...] = (shared.astype(np.float32) + own).astype(flat.dtype)
+            else:
+                np.add(shared, plus[index].reshape(-1), out=flat)
+
+
+def open_link(send, receive, deadline, step_bytes: int = 0) -> Link:
+    """Offers this worker's segment to its right neighbour and maps its left's.
+
+    Call on every worker at once, right after the ring's sockets are proven
+    (`_ring_frames.open_ring`): every frame is small, so no worker blocks.
+    `step_bytes`: the largest step expected (a bucket's chunk), so that the
+    first calls need not grow the segment; it grows past it when needed.
+    """
+    outbox = None
+    if enabled():
+        slot = _FIRST_SLOT
+        while slot < step_bytes:
+            slot *= 2
+        try:
+            outbox = _Segment.create(slot)
+        except OSError:
+            outbox = None  # no /dev/shm here: plain sockets
+    token = secrets.token_bytes(32)
+    name = b"" if outbox is None else outbox.name.encode()
+    if outbox is not None:
+        outbox.view(0, np.uint8, 32)[...] = np.frombuffer(token, np.uint8)
+    try:
+        _ring_frames.send_all(send, [_OFFER.pack(_OFFER_MAGIC, name, token)], deadline)
+        offer = _ring_frames.receive_exact(receive, _OFFER.size, deadline)
+        inbox = _map_offer(offer) if enabled() else None
+        _ring_frames.send_all(receive, [b"Y" if inbox else b"N"], deadline)
+        if _ring_frames.receive_exact(send, 1, deadline) != b"Y" and outbox:
+            outbox.unlink()
+            outbox.close()
+            outbox = None
+    except BaseException:
+        Link(outbox, None).close()
+        raise
+    return Link(outbox, inbox)
+
+
+def _map_offer(offer: bytes):
+    magic, name, token = _OFFER.unpack(offer)
+    name = name.rstrip(b"\0").decode(errors="replace")
+    if magic != _OFFER_MAGIC or not name or "/" in name:
+        return None
+    try:
+        size = os.stat(os.path.join(DIRECTORY, name)).st_size
+        segment = _Segment(name, size // 2, create=False)
+    except OSError:
+        return None  # another machine, or no access
+    if bytes(segment.view(0, np.uint8, 32)) != token:
+        segment.close()
+        return None  # a file of the same name on this machine is not theirs
+    segment.unlink()
+    return segment
+
+
+def _note(kind: bytes, step: int, size: int, name: bytes = b"") -> bytes:
+    return _NOTE.pack(kind, step, size, name)
+
+
+def add_into(incoming, plus) -> None:
+    """Adds each of `plus` into the matching array of `incoming` (16-bit in float32)."""
+    if plus is None:
+        return
+    for part, own in zip(incoming, plus):
+        if part.dtype.itemsize < 4:
+            part[...] = (part.astype(np.float32) + own.astype(np.float32)).astype(
+                part.dtype
+            )
+        else:
+            np.add(part, own, out=part)
+
+
+def _send_catching(sock, views, deadline, errors) -> None:
+    try:
+        _ring_frames.send_all(sock, views, deadline)
+    except OSError as error:
+        errors.append(error)
+
+
+def _raise(error):
+    raise error
+
+
+def _closed_is(worker, function, *args):
+    """`function(*args)`; a closed connection is named after `worker`."""
+    try:
+        return function(*args)
+    except ConnectionError as error:
+        if isinstance(error, _ring_frames.HandshakeError):
+            raise
+        raise ConnectionError(f"worker {worker} closed its connection") from error

@@ -1,0 +1,66 @@
+"""Shared-memory payloads between real worker processes on one machine (issue 23)."""
+
+import hashlib
+import os
+import sys
+import textwrap
+
+import pytest
+
+from keras_replicator.communication import _shared_memory
+from keras_replicator.launch import run_workers
+
+pytestmark = pytest.mark.multi_worker
+
+TRAIN = textwrap.dedent(
+    """
+    import hashlib, os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import keras, numpy as np
+    import keras_replicator as kr
+    keras.utils.set_random_seed(0)
+    from keras_replicator.testing import _workloads
+    strategy = kr.MultiWorkerReplicator(collective_timeout=60)
+    link = strategy._kr_socket_ring._link
+    print("LINK", link.outbox is not None, link.inbox is not None, flush=True)
+    mine = [n for n in os.listdir("/dev/shm") if n.startswith(f"krring-{os.getpid()}-")]
+    print("LEFT IN /dev/shm", len(mine), flush=True)
+    with strategy.scope():
+        model = _workloads.mlp()
+    x, y = _workloads.classification_data(512)
+    model.fit(x, y, batch_size=128, epochs=2, verbose=0)
+    weights = b"".join(np.asarray(w).tobytes() for w in model.get_weights())
+    print("WEIGHTS", hashlib.sha256(weights).hexdigest(), flush=True)
+    """
+)
+
+
+def _train(shared_memory: str):
+    env = {_shared_memory.ENVIRONMENT_VARIABLE: shared_memory}
+    result = run_workers(
+        [sys.executable, "-c", TRAIN], 2, timeout=240, echo=False, env=env
+    )
+    assert not result.timed_out
+    lines = {}
+    for worker in result.workers:
+        assert worker.returncode == 0, worker.output[-3000:]
+        for line in worker.output.splitlines():
+            for key in ("LINK", "LEFT IN /dev/shm", "WEIGHTS"):
+                if line.startswith(key + " "):
+                    lines.setdefault(key, []).append(line[len(key) + 1 :])
+    return lines
+
+
+@pytest.mark.timeout(300)
+def test_workers_on_one_machine_share_memory_and_train_to_the_socket_rings_bits():
+    shared = _train("1")
+    assert shared["LINK"] == ["True True"] * 2  # both directions of both links
+    assert shared["LEFT IN /dev/shm"] == ["0"] * 2  # unlinked once mapped
+    sockets = _train("0")
+    assert sockets["LINK"] == ["False False"] * 2
+    assert len(set(shared["WEIGHTS"])) == 1  # the workers agree
+    assert shared["WEIGHTS"] == sockets["WEIGHTS"]  # and add as the sockets do
+    assert hashlib.sha256(b"").hexdigest() not in shared["WEIGHTS"]
+    assert not [
+        n for n in os.listdir(_shared_memory.DIRECTORY) if n.startswith("krring-")
+    ]
