@@ -30,7 +30,12 @@ import weakref
 
 import tensorflow as tf
 
-from keras_replicator.communication import _buckets, _compression, _hierarchy
+from keras_replicator.communication import (
+    _buckets,
+    _compression,
+    _division,
+    _hierarchy,
+)
 from keras_replicator.communication.options import AllReduceOptions
 
 OPTIONS_ATTRIBUTE = "_kr_all_reduce_options"
@@ -47,7 +52,12 @@ def options_of(strategy) -> AllReduceOptions:
     return getattr(strategy, OPTIONS_ATTRIBUTE, None) or AllReduceOptions()
 
 
-def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None):
+def all_reduce_sum(
+    gradients,
+    exact=(),
+    options: AllReduceOptions | None = None,
+    divide_by_exact: bool = False,
+):
     """Sums tensors over all replicas; call in a replica context.
 
     Args:
@@ -59,6 +69,10 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
         options: Overrides the current strategy's `AllReduceOptions`; a
             `transport` of `None` there means the strategy's transport. Defaults
             to `None`.
+        divide_by_exact: Return the sums divided by the summed `exact[0]` (the
+            sample count), as `_division.divide`. On the socket ring the count
+            is then summed first, alone, and each bucket divides inside the ring
+            (`_division`). Defaults to False.
 
     Returns:
         `(summed_gradients, summed_exact)`: lists in the order given.
@@ -80,7 +94,13 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
     for i, grad in enumerate(gradients):
         if i not in sparse:
             groups.setdefault(grad.dtype, []).append(i)
-    summed_exact = None
+    summed_exact, total = None, None
+    if divide_by_exact and reducer.divides(options):
+        # The count first, alone (a few bytes): every bucket then divides its
+        # own chunk inside the ring.
+        summed_exact = reducer.sum_alone(pending_exact)
+        pending_exact, total = [], summed_exact[0]
+    divided = set()
     bucket_bytes = options.resolved_bucket_mb() * _MB
     # Float32 / float64 first: their first bucket carries the exact scalars.
     dtypes = sorted(groups, key=lambda d: d not in (tf.float32, tf.float64))
@@ -91,10 +111,13 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
         for bucket in _buckets.plan(sizes, bucket_bytes):
             members = [tensors[j] for j in bucket]
             carry = pending_exact if dtype in (tf.float32, tf.float64) else []
-            reduced, carried = reducer.reduce_bucket(members, carry)
+            fused = total if dtype in _division.FUSED_DTYPES else None
+            reduced, carried = reducer.reduce_bucket(members, carry, fused)
             if carry:
                 summed_exact, pending_exact = carried, []
             summed.update((indices[j], r) for j, r in zip(bucket, reduced))
+            if fused is not None:
+                divided.update(indices[j] for j in bucket)
     if sparse:
         reduced = context.all_reduce(
             tf.distribute.ReduceOp.SUM, [gradients[i] for i in sparse]
@@ -102,10 +125,16 @@ def all_reduce_sum(gradients, exact=(), options: AllReduceOptions | None = None)
         summed.update(zip(sparse, reduced))
     if pending_exact:
         summed_exact = context.all_reduce(tf.distribute.ReduceOp.SUM, pending_exact)
-    return [summed[i] for i in range(len(gradients))], list(summed_exact or [])
+    results = [summed[i] for i in range(len(gradients))]
+    if divide_by_exact:
+        results = [
+            g if i in divided else _division.divide(g, summed_exact[0])
+            for i, g in enumerate(results)
+        ]
+    return results, list(summed_exact or [])
 
 
-def ring_call(function, values, shapes, name: str) -> list[tf.Tensor]:
+def ring_call(function, values, shapes, name: str, extra=()) -> list[tf.Tensor]:
     """Runs a socket-ring call on `values` after the graph's previous ring call.
 
     Every worker traces the same program, so chaining each ring call on the
@@ -116,12 +145,16 @@ def ring_call(function, values, shapes, name: str) -> list[tf.Tensor]:
         values: The input tensors; the outputs have the same dtypes.
         shapes: The outputs' static shapes.
         name: The op's name after `socket_` (e.g. `"all_reduce"`).
+        extra: Inputs passed to `function` before `values`, with no output.
     """
     graph = tf.compat.v1.get_default_graph()
     previous = _LAST_RING_OP.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
         results = tf.numpy_function(
-            function, values, [v.dtype for v in values], name=f"socket_{name}"
+            function,
+            list(extra) + list(values),
+            [v.dtype for v in values],
+            name=f"socket_{name}",
         )
     for result, shape in zip(results, shapes):
         result.set_shape(shape)
@@ -156,15 +189,32 @@ class _Reducer:
             return self._context.all_reduce(tf.distribute.ReduceOp.SUM, value)
         return self._ring_sum([value])[0]
 
-    def _ring_sum(self, values):
-        return ring_call(
-            self._ring.all_reduce, values, [v.shape for v in values], "all_reduce"
-        )
+    def _ring_sum(self, values, total=None):
+        shapes = [v.shape for v in values]
+        if total is None:
+            return ring_call(self._ring.all_reduce, values, shapes, "all_reduce")
+        ring = self._ring
 
-    def reduce_bucket(self, members, exact):
-        """Returns `(summed members, summed exact)` for one bucket of one dtype."""
+        def divided(total, *arrays):
+            return ring.all_reduce(*arrays, divide_by=total)
+
+        return ring_call(divided, values, shapes, "all_reduce", extra=[total])
+
+    def divides(self, options) -> bool:
+        """Whether buckets are divided by the count inside the transport."""
+        return self._ring is not None and options.compression is None
+
+    def sum_alone(self, exact):
+        """The exact scalars summed in one call of their own (socket ring)."""
+        return tf.unstack(self._ring_sum([tf.stack(exact)])[0])
+
+    def reduce_bucket(self, members, exact, total=None):
+        """Returns `(summed members, summed exact)` for one bucket of one dtype;
+        the members divided by `total` in the ring if given (`divides`)."""
         dtype = members[0].dtype
         compression = self._options.compression
+        if total is not None:
+            return self._ring_sum(list(members), total), []
         if self._ring is not None and not _compression.compresses(compression, dtype):
             # The ring reads the gradients and writes the sums directly: no flat copy.
             extra = [tf.cast(tf.stack(exact), dtype)] if exact else []

@@ -1,24 +1,21 @@
 """A ring all-reduce over plain TCP sockets, for CPU workers where gRPC is the limit.
 
-Why: between two TensorFlow worker processes on one 2-core machine, TensorFlow's
-collective all-reduce of 102 MB of gradients moves 7-15% of what the same
-processes push through a loopback socket in the same run (benchmarks/allreduce.py):
-every chunk of its ring is serialized into a gRPC message, copied several times,
-and the copying competes with the workers for the same cores. Packing only
-halves that. This module sums a flat buffer with the textbook ring
-(reduce-scatter, then all-gather; Patarasuk & Yuan 2009) over one persistent TCP
-connection to each ring neighbour, so each byte is copied by the kernel and added
-once by numpy. On one machine, bytes go through shared memory instead and the
-sockets carry small notes (`_shared_memory`; issue 23: 25 MB in 7 ms, not 14).
+Why: between two worker processes on one 2-core machine, TensorFlow's collective
+all-reduce of 102 MB moves 7-15% of what the same processes push through a
+loopback socket (benchmarks/allreduce.py): every chunk is serialized into a gRPC
+message and copied several times, on the workers' cores. This module sums a flat
+buffer with the textbook ring (reduce-scatter, then all-gather; Patarasuk & Yuan
+2009) over one persistent TCP connection to each ring neighbour, so each byte is
+copied by the kernel and added once by numpy (on one machine: through shared
+memory, the sockets carry notes; `_shared_memory`, issue 23: 25 MB in 7 ms, not 14).
 
 The two phases are also calls of their own (issue 24), for weight-update sharding:
 `reduce_scatter` leaves worker r with chunk r of the sum, the optimizer updates
 that chunk only, and `all_gather` rebuilds the weights, for `all_reduce`'s bytes
 (`bytes_sent`) and bits (it runs the same phases, adding in the same order).
 
-It is used as ``tf.numpy_function`` per gradient bucket, by a
-`MultiWorkerReplicator` whose workers have one CPU replica each: by default when
-every worker can open it (`transport=None`), always with `transport="socket"`.
+It is a ``tf.numpy_function`` per gradient bucket of a `MultiWorkerReplicator` of
+one-CPU-replica workers (the default transport there, or `transport="socket"`).
 Calls are serialized in graph order (each bucket's op has a control dependency on
 the previous one), so every worker sends the same buckets in the same order. A dead
 peer fails the call at once (its connection closes), a hung one after the
@@ -44,7 +41,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from keras_replicator.communication import _ring_frames, _shared_memory
+from keras_replicator.communication import _division, _ring_frames, _shared_memory
 
 
 class SocketRing:
@@ -136,8 +133,10 @@ class SocketRing:
         link = _shared_memory.open_link(send, receive, time.monotonic() + wait, step)
         return cls(rank, size, send, receive, timeout, link)
 
-    def all_reduce(self, *arrays: np.ndarray) -> list[np.ndarray]:
+    def all_reduce(self, *arrays: np.ndarray, divide_by=None) -> list[np.ndarray]:
         """Returns the sums over all workers of `arrays` (one dtype, any shapes).
+
+        `divide_by`: divide the sums by it (float32 / float64; `_division`).
 
         The arrays are treated as one virtual flat buffer split into one chunk per
         worker; bytes go straight from and into the arrays (scatter-gather socket
@@ -146,8 +145,7 @@ class SocketRing:
 
         Raises:
             RuntimeError: If the call fails (a peer died, hung past the collective
-                timeout, or sent a buffer that differs from this one), or if an
-                earlier call failed: the ring then stays failed.
+                timeout, sent a different buffer) or an earlier one did.
         """
         flats = [a.reshape(-1) for a in arrays]
         results = [_ring_frames.aligned_empty(f.size, f.dtype) for f in flats]
@@ -174,9 +172,13 @@ class SocketRing:
             # fault in. An empty buffer still sends its header: peers may differ.
             into = lambda step, chunk: pieces(results, chunk)  # noqa: E731
             self._reduce(lambda c: pieces(flats, c), into, header, deadline)
+            if divide_by is not None:
+                _division.divide_in_place(pieces(results, self.rank), divide_by)
             self._gather(lambda c: pieces(results, c), None, deadline)
 
         self._call("all_reduce", dtype, total, work)
+        if n == 1 and divide_by is not None:
+            _division.divide_in_place(results, divide_by)
         return [r.reshape(a.shape) for r, a in zip(results, arrays)]
 
     def reduce_scatter(self, flat: np.ndarray) -> np.ndarray:
@@ -194,8 +196,7 @@ class SocketRing:
             A new 64-byte aligned 1-D array of `flat.size // size` values.
 
         Raises:
-            ValueError: If `flat` is not 1-D or its size not a multiple of `size`;
-                `RuntimeError` as `all_reduce`.
+            ValueError: `flat` not 1-D, or not a multiple of `size` values.
 
         Example (two workers as threads; an optimizer would update the chunk):
         >>> import socket, concurrent.futures

@@ -1,0 +1,60 @@
+"""Division by the summed count: TensorFlow's op and the ring's numpy, bit for bit."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_replicator.communication import _division
+from tests.communication.test_shared_memory import _linked_rings
+from tests.communication.test_socket_ring import _rings, _together
+
+TOTALS = [1.0, 3.0, 7.0, 257.0, 300.0, 1_000_003.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("total", TOTALS)
+def test_numpy_in_place_rounds_as_the_tensorflow_op(dtype, total):
+    values = np.random.default_rng(int(total)).normal(size=10_000).astype(dtype)
+    expected = _division.divide(tf.constant(values), tf.constant(total, tf.float32))
+    mine = values.copy()
+    _division.divide_in_place([mine], np.float32(total))
+    np.testing.assert_array_equal(mine.view(np.uint8), expected.numpy().view(np.uint8))
+
+
+def test_float64_is_divided_not_multiplied():
+    value = -1.2459109472530652  # times the float64 1/3 it is off by an ulp
+    assert value * (1 / 3.0) != value / 3.0
+    values = np.array([value], np.float64)
+    _division.divide_in_place([values], np.float32(3.0))
+    assert values[0] == value / 3.0
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["sockets", "shm"])
+def test_the_ring_divides_each_chunk_as_tensorflow_divides_the_sum(size, shared_memory):
+    if shared_memory and size == 1:
+        pytest.skip("one worker has no link")
+    shapes = [(3, 5), (), (7,), (11, 2)]  # chunk borders inside arrays
+    inputs = [
+        [
+            np.random.default_rng(10 * r + i).normal(size=s).astype(np.float32)
+            for i, s in enumerate(shapes)
+        ]
+        for r in range(size)
+    ]
+    rings = _linked_rings(size) if shared_memory else _rings(size)
+    total = np.float32(257.0)
+    out, errors, _ = _together(
+        rings, lambda r, ring: ring.all_reduce(*inputs[r], divide_by=total)
+    )
+    assert not any(errors), errors
+    for i in range(len(shapes)):
+        summed = inputs[0][i].copy()
+        for r in range(1, size):  # the ring's order of additions for 2 workers
+            summed = summed + inputs[r][i]
+        expected = _division.divide(tf.constant(summed), tf.constant(total)).numpy()
+        for r in range(size):
+            if size <= 2:  # 3 workers add in a chunk-dependent order
+                np.testing.assert_array_equal(out[r][i], expected)
+            np.testing.assert_allclose(out[r][i], expected, rtol=1e-6, atol=1e-7)
+            np.testing.assert_array_equal(out[r][i], out[0][i])
