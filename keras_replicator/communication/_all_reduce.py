@@ -94,6 +94,11 @@ def all_reduce_sum(
     for i, grad in enumerate(gradients):
         if i not in sparse:
             groups.setdefault(grad.dtype, []).append(i)
+    if divide_by_exact and not pending_exact:
+        raise ValueError(
+            "`divide_by_exact=True` divides by the summed `exact[0]`, so `exact` "
+            f"needs a value. Received: exact={exact!r}."
+        )
     summed_exact, total = None, None
     if divide_by_exact and reducer.divides(options):
         # The count first, alone (a few bytes): every bucket then divides its

@@ -54,7 +54,16 @@ def divide_in_place(arrays, total) -> None:
     """
     total = np.float64(np.asarray(total).reshape(-1)[0])
     for array in arrays:
-        if array.dtype == np.float64:
-            np.divide(array, total, out=array)
-        else:
-            np.multiply(array, array.dtype.type(1.0 / total), out=array)
+        if array.dtype not in (np.float32, np.float64):
+            raise ValueError(
+                "The ring divides float32 / float64 buffers only (others round "
+                f"differently in numpy). Received: dtype={array.dtype}. Divide it "
+                "with `divide` after the sum."
+            )
+        # A count of 0 (every replica had an empty batch) gives inf / nan, as
+        # TensorFlow's op does, without numpy's warnings.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if array.dtype == np.float64:
+                np.divide(array, total, out=array)
+            else:
+                np.multiply(array, array.dtype.type(1.0 / total), out=array)

@@ -1,37 +1,32 @@
 """The socket ring's payloads through shared memory, between workers on one machine.
 
-Why (issue 23): on one host, loopback TCP makes the kernel copy every byte twice
-(into the socket buffer, out of it) and run the TCP stack over it, on the same cores
-that compute the step. A 25 MB ring all-reduce between 2 processes took 12 ms
-through sockets where the same bytes cost 1.4 ms to copy and 1.3 ms to add with
-numpy (`benchmarks/allreduce.py`, docs/performance.md). As NCCL's SHM transport
-does between processes of one node, each worker here writes what it sends into a
-memory segment its right neighbour has mapped, and the neighbour reads (and adds)
-straight out of it: one copy and one pass per byte.
+Why (issue 23): on one host, loopback TCP makes the kernel copy every byte twice and
+run the TCP stack over it, on the cores that compute the step: a 25 MB all-reduce
+between 2 processes took 12 ms where copying the bytes costs 1.4 ms and adding them
+1.3 ms (docs/performance.md). As NCCL's SHM transport does within a node, each worker
+writes what it sends into a segment its right neighbour has mapped, and the
+neighbour reads (and adds) straight out of it: one copy and one pass per byte.
 
-The sockets stay: each step still goes through them as a small *note* (sequence,
-bytes, the segment's name when it grows), answered by an *ack* once the data has
-been read, so everything `_ring_frames` guarantees holds unchanged: the
-connections proved the job's secret, every call's header is checked before any
-data, one deadline bounds the call, and a dead or hung neighbour is an error (its
-connection closes or the deadline passes). A segment has two slots, so a worker
-can write step k + 1 while its neighbour still reads step k; it waits for the ack
+The sockets stay: each step is a small *note* on them (step, bytes, the segment's
+name when it grows), answered by an *ack* once read, so all `_ring_frames`
+guarantees hold: proven connections, the call's header checked before any data,
+one deadline per call, a dead or hung neighbour an error. A segment has two slots:
+a worker writes step k + 1 while its neighbour reads step k, and waits for the ack
 of step k - 1 before it writes over that slot again.
 
 Which links use it is found out, not configured: when the ring opens, each worker
-creates its segment in `/dev/shm` (mode 0600) with a random token in it, and
-offers its name and token to its right neighbour over their proven connection;
-the neighbour maps it, unlinks it (nothing outlives a crash after that point) and
-answers whether the token matched. Workers on different machines, or a neighbour
-that cannot map it, keep plain socket payloads on that link. Space is reserved
-with `posix_fallocate` before any byte is written (a full `/dev/shm`, e.g.
-Docker's 64 MB default, would otherwise kill the process with SIGBUS); a segment
-that cannot grow sends that step's bytes through the socket instead.
+creates its segment in `/dev/shm` (mode 0600) with a random token in it and offers
+name and token to its right neighbour over their proven connection; the neighbour
+maps it, checks the token and unlinks it (nothing outlives a crash after that) and
+says whether it could. Neighbours on other machines keep socket payloads on that
+link. Space is reserved with `posix_fallocate` before any byte is written (a full
+`/dev/shm`, e.g. Docker's 64 MB, would otherwise kill the process with SIGBUS); a
+segment that cannot grow sends steps that large through the socket.
 `KERAS_REPLICATOR_RING_SHARED_MEMORY=0` turns it off (as `NCCL_SHM_DISABLE`).
 
 Hand-written: `multiprocessing.shared_memory` registers every segment a process
-attaches with its resource tracker before Python 3.13, which unlinks it when that
-process exits, and it cannot reserve space; `mmap` and `os` are all it needs.
+attaches with its resource tracker before Python 3.13 (which unlinks it when that
+process exits) and cannot reserve space; `mmap` and `os` are all it needs.
 """
 
 from __future__ import annotations
@@ -60,8 +55,7 @@ def enabled() -> bool:
     """Whether `KERAS_REPLICATOR_RING_SHARED_MEMORY` allows it (default: yes).
 
     Example:
-    >>> os.environ.pop(ENVIRONMENT_VARIABLE, None) and None
-    >>> enabled()
+    >>> isinstance(enabled(), bool)
     True
     """
     value = os.environ.get(ENVIRONMENT_VARIABLE, "1").strip().lower()
@@ -85,14 +79,14 @@ class _Segment:
         descriptor = os.open(path, flags, 0o600)
         try:
             if create:
-                try:
-                    os.posix_fallocate(descriptor, 0, 2 * slot_bytes)
-                except OSError:
-                    os.unlink(path)
-                    raise
+                os.posix_fallocate(descriptor, 0, 2 * slot_bytes)
             # Pages mapped up front: the first call does not fault them in.
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self.map = mmap.mmap(descriptor, 2 * slot_bytes, flags=flags)
+        except BaseException:
+            if create:  # nobody else knows its name: it must not stay
+                _unlink(path)
+            raise
         finally:
             os.close(descriptor)
         self.name, self.path, self.slot_bytes = name, path, slot_bytes
@@ -105,11 +99,8 @@ class _Segment:
         start = (step % 2) * self.slot_bytes + offset
         return np.frombuffer(self.map, dtype, elements, start)
 
-    def unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass  # the neighbour unlinked it once mapped
+    def unlink(self) -> None:  # the neighbour may have unlinked it once mapped
+        _unlink(self.path)
 
     def close(self) -> None:
         try:
@@ -128,7 +119,7 @@ class Link:
     def __init__(self, outbox: _Segment | None, inbox: _Segment | None):
         self.outbox, self.inbox = outbox, inbox
         self._sent = self._acked = self._received = 0  # steps
-        self._warned = False
+        self._too_large = None  # the slot size that could not be reserved
 
     def close(self) -> None:
         for segment in (self.outbox, self.inbox):
@@ -175,8 +166,10 @@ class Link:
             raise
         if thread is not None:
             thread.join()
+            if errors and isinstance(errors[0], ConnectionError):
+                raise ConnectionError(f"worker {right} closed its connection")
             if errors:
-                _closed_is(right, _raise, errors[0])
+                raise errors[0]
         return sum(a.nbytes for a in outgoing)
 
     def _post(self, sock, outgoing, deadline, right):
@@ -194,7 +187,7 @@ class Link:
                 right,
                 _ring_frames.send_all,
                 sock,
-                [_note(_INLINE, step, size)],
+                [_NOTE.pack(_INLINE, step, size, b"")],
                 deadline,
             )
             self._sent = step
@@ -206,30 +199,32 @@ class Link:
             flat = a.reshape(-1).view(np.uint8)
             self.outbox.view(step, np.uint8, flat.size, offset)[...] = flat
             offset += flat.size
-        note = _note(_SHARED, step, size, name)
+        note = _NOTE.pack(_SHARED, step, size, name)
         _closed_is(right, _ring_frames.send_all, sock, [note], deadline)
         self._sent = step
         return None
 
     def _fit(self, sock, size, step, deadline, right):
-        """Grows the outbox to hold `size` bytes: True if it grew, None if it cannot."""
+        """Grows the outbox to hold `size` bytes: True if it grew, None if it cannot
+        (then, as for every larger step after it, without trying again)."""
         if size <= self.outbox.slot_bytes:
             return False
-        self._wait_for_ack(sock, step - 1, deadline, right)  # both slots read
         slot = self.outbox.slot_bytes
         while slot < size:
             slot *= 2
+        if self._too_large is not None and slot >= self._too_large:
+            return None
+        self._wait_for_ack(sock, step - 1, deadline, right)  # both slots read
         try:
             segment = _Segment.create(slot)
         except OSError as error:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"The socket ring could not grow its shared memory to {2 * slot} "
-                    f"bytes in {DIRECTORY} ({error}); larger steps go through the "
-                    "socket. Give the machine a larger /dev/shm to keep them fast.",
-                    stacklevel=2,
-                )
+            self._too_large = slot
+            warnings.warn(
+                f"The socket ring could not grow its shared memory to {2 * slot} "
+                f"bytes in {DIRECTORY} ({error}); steps that large go through the "
+                "socket. Give the machine a larger /dev/shm to keep them fast.",
+                stacklevel=2,
+            )
             return None
         self.outbox.unlink()
         self.outbox.close()
@@ -286,10 +281,11 @@ class Link:
 
     def _attach(self, name: str) -> None:
         """Maps the left neighbour's new (larger) segment in place of the old."""
-        segment = _Segment(
-            name, os.stat(os.path.join(DIRECTORY, name)).st_size // 2, create=False
-        )
-        segment.unlink()
+        path = os.path.join(DIRECTORY, name)
+        try:
+            segment = _Segment(name, os.stat(path).st_size // 2, create=False)
+        finally:
+            _unlink(path)  # mapped or not: nothing left behind
         self.inbox.close()
         self.inbox = segment
 
@@ -351,8 +347,10 @@ def _map_offer(offer: bytes):
         return None
     try:
         size = os.stat(os.path.join(DIRECTORY, name)).st_size
+        if size < 2 * _FIRST_SLOT or size % 2:
+            return None  # not a segment of ours
         segment = _Segment(name, size // 2, create=False)
-    except OSError:
+    except (OSError, ValueError):
         return None  # another machine, or no access
     if bytes(segment.view(0, np.uint8, 32)) != token:
         segment.close()
@@ -361,8 +359,11 @@ def _map_offer(offer: bytes):
     return segment
 
 
-def _note(kind: bytes, step: int, size: int, name: bytes = b"") -> bytes:
-    return _NOTE.pack(kind, step, size, name)
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def add_into(incoming, plus) -> None:
@@ -383,10 +384,6 @@ def _send_catching(sock, views, deadline, errors) -> None:
         _ring_frames.send_all(sock, views, deadline)
     except OSError as error:
         errors.append(error)
-
-
-def _raise(error):
-    raise error
 
 
 def _closed_is(worker, function, *args):

@@ -36,12 +36,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import warnings
 
 import numpy as np
-import tensorflow as tf
 
-from keras_replicator.communication import _division, _ring_frames, _shared_memory
+from keras_replicator.communication import (
+    _division,
+    _ring_frames,
+    _ring_setup,
+    _shared_memory,
+)
 
 
 class SocketRing:
@@ -89,7 +92,8 @@ class SocketRing:
             timeout: Seconds a ring call may take.
             required: Raise if the ring cannot be opened on every worker.
                 Otherwise return `None` (the caller falls back to the
-                collectives); connecting then waits at most `AUTO_CONNECT_TIMEOUT`.
+                collectives); connecting then waits at most
+                `_ring_setup.AUTO_CONNECT_TIMEOUT`.
             bucket_bytes: The largest buffer expected, to size shared memory.
 
         Returns:
@@ -101,16 +105,22 @@ class SocketRing:
                 naming the worker and the reason.
         """
         size = strategy.num_replicas_in_sync
-        server, row, problem = _listen(strategy)
+        server, row, problem = _ring_setup.listen(strategy)
+        try:  # checked here, so that every worker decides alike
+            _shared_memory.enabled()
+        except ValueError as error:
+            problem = problem or str(error)
         words = _ring_frames.secret_words()
-        table, rank = _share(strategy, row + words + [_flag(problem)])
-        failed = _failed(table)
+        table, rank = _ring_setup.share(
+            strategy, row + words + [_ring_setup.flag(problem)]
+        )
+        failed = _ring_setup.failed(table)
         if failed:
             if server is not None:
                 server.close()
-            return _give_up(required, failed, problem)
+            return _ring_setup.give_up(required, failed, problem)
         secret = _ring_frames.derive_secret(table[:, len(row) : len(row) + len(words)])
-        wait = timeout if required else min(timeout, AUTO_CONNECT_TIMEOUT)
+        wait = timeout if required else min(timeout, _ring_setup.AUTO_CONNECT_TIMEOUT)
         send = receive = None
         try:
             send, receive = _ring_frames.open_ring(
@@ -119,18 +129,24 @@ class SocketRing:
         except (OSError, _ring_frames.HandshakeError) as error:
             problem = f"{type(error).__name__}: {error}"
         server.close()
-        table, _ = _share(strategy, [_flag(problem)])
-        failed = _failed(table)
+        table, _ = _ring_setup.share(strategy, [_ring_setup.flag(problem)])
+        failed = _ring_setup.failed(table)
         if failed:
             for s in (send, receive):
                 if s is not None:
                     s.close()
-            return _give_up(required, failed, problem)
+            return _ring_setup.give_up(required, failed, problem)
         for s in (send, receive):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.settimeout(timeout)
         step = min(bucket_bytes, 64 * 2**20) // size + 64  # a chunk and the counts
-        link = _shared_memory.open_link(send, receive, time.monotonic() + wait, step)
+        try:
+            link = _shared_memory.open_link(
+                send, receive, time.monotonic() + wait, step
+            )
+        except (OSError, ValueError) as error:  # a peer died in between
+            _ring_frames.shut_down(send, receive)
+            raise RuntimeError(f"The socket ring could not open: {error}") from error
         return cls(rank, size, send, receive, timeout, link)
 
     def all_reduce(self, *arrays: np.ndarray, divide_by=None) -> list[np.ndarray]:
@@ -313,74 +329,6 @@ class SocketRing:
         return RuntimeError(
             f"Socket {name} failed on worker {self.rank}: {self._failure}"
         )
-
-
-AUTO_CONNECT_TIMEOUT = 10.0
-
-
-def _listen(strategy):
-    """Binds a listening socket on this worker's `TF_CONFIG` address.
-
-    Returns `(server, [a, b, c, d, port], problem)`; `server` is None and `problem`
-    a description if this worker cannot listen (an unresolvable or non-IPv4
-    address, an address not on this machine).
-    """
-    resolver = strategy.cluster_resolver
-    address = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
-    try:
-        host = socket.gethostbyname(address.rsplit(":", 1)[0])
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            server.bind((host, 0))
-            server.listen(8)  # strangers may queue ahead of the neighbour
-        except OSError:
-            server.close()
-            raise
-    except OSError as error:
-        return None, [0.0] * 5, f"cannot listen on {address!r}: {error}"
-    port = server.getsockname()[1]
-    return server, [float(int(part)) for part in host.split(".")] + [float(port)], None
-
-
-def _share(strategy, row):
-    """All workers' `row`s as a table (one all-reduce), and this worker's rank."""
-    size = strategy.num_replicas_in_sync
-
-    def exchange():
-        context = tf.distribute.get_replica_context()
-        rank = context.replica_id_in_sync_group
-        mine = tf.one_hot(rank, size)[:, None] * tf.constant([row])
-        return context.all_reduce("sum", mine), rank
-
-    table, rank = strategy.run(exchange)
-    table = strategy.experimental_local_results(table)[0].numpy()
-    return table, int(strategy.experimental_local_results(rank)[0])
-
-
-def _flag(problem) -> float:
-    """1.0 if this worker had a problem: the last column of a shared row."""
-    return 0.0 if problem is None else 1.0
-
-
-def _failed(table) -> list[int]:
-    """The workers whose shared row ends with a problem flag."""
-    return [rank for rank, row in enumerate(table) if row[-1] != 0.0]
-
-
-def _give_up(required: bool, failed, problem) -> None:
-    mine = f" Here: {problem}." if problem else ""
-    message = (
-        f"The socket ring could not be opened on worker(s) {failed}.{mine} It needs "
-        "each worker's TF_CONFIG address to be an IPv4 address of that machine, and "
-        "TCP between workers on any port."
-    )
-    if required:
-        raise RuntimeError(
-            message + " Use kr.AllReduceOptions(transport='collective') (or None) "
-            "instead."
-        )
-    warnings.warn(message + " Using TensorFlow's collectives instead.", stacklevel=3)
-    return None
 
 
 def _vector(array, name: str, workers: int = 1) -> np.ndarray:

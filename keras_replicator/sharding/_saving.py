@@ -126,7 +126,7 @@ def _ring(strategy):
         return None
     if _all_reduce.options_of(strategy).transport != "socket":
         return None
-    # The ring's rank is this worker's replica id (`_socket_ring._share`), so
+    # The ring's rank is this worker's replica id (`_ring_setup.share`), so
     # its gathered rows are in replica order.
     return getattr(strategy, _all_reduce.RING_ATTRIBUTE, None)
 

@@ -1,5 +1,7 @@
 """Division by the summed count: TensorFlow's op and the ring's numpy, bit for bit."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -27,6 +29,27 @@ def test_float64_is_divided_not_multiplied():
     values = np.array([value], np.float64)
     _division.divide_in_place([values], np.float32(3.0))
     assert values[0] == value / 3.0
+
+
+def test_16_bit_buffers_are_not_divided_in_numpy():
+    with pytest.raises(ValueError, match="Received: dtype=float16"):
+        _division.divide_in_place([np.ones(3, np.float16)], 2.0)
+
+
+def test_a_count_of_zero_gives_tensorflows_inf_and_nan_without_warnings():
+    values = np.array([1.0, 0.0, -1.0], np.float32)
+    expected = _division.divide(tf.constant(values), tf.constant(0.0)).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _division.divide_in_place([values], np.float32(0.0))
+    np.testing.assert_array_equal(values, expected)
+
+
+def test_dividing_by_exact_needs_an_exact_value():
+    from keras_replicator.communication import _all_reduce
+
+    with pytest.raises(ValueError, match=r"Received: exact=\(\)"):
+        _all_reduce.all_reduce_sum([tf.ones(3)], divide_by_exact=True)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _segments():
-    return {n for n in os.listdir(_shared_memory.DIRECTORY) if n.startswith("krring-")}
+    """This process's segments (other engineers' rings may run at the same time)."""
+    mine = f"krring-{os.getpid()}-"
+    return {n for n in os.listdir(_shared_memory.DIRECTORY) if n.startswith(mine)}
 
 
 def _linked_rings(size, timeout=10.0, refuse=()):
@@ -156,16 +158,20 @@ def test_a_link_that_cannot_map_keeps_socket_payloads():
 
 def test_a_segment_that_cannot_grow_sends_through_the_socket(monkeypatch):
     rings = _linked_rings(2)
+    attempts = []
 
     def full(slot_bytes):
+        attempts.append(slot_bytes)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_shared_memory._Segment, "create", staticmethod(full))
     flats = _integers(2, 2_000_000, np.float32, seed=4)  # chunks of 4 MB > 1 MB
     with pytest.warns(UserWarning, match="could not grow its shared memory"):
-        out, errors, _ = _together(rings, lambda r, ring: ring.all_reduce(flats[r]))
-    assert not any(errors), errors
-    np.testing.assert_array_equal(out[1][0], flats[0] + flats[1])
+        for _ in range(3):
+            out, errors, _ = _together(rings, lambda r, ring: ring.all_reduce(flats[r]))
+            assert not any(errors), errors
+            np.testing.assert_array_equal(out[1][0], flats[0] + flats[1])
+    assert len(attempts) == 2  # once per worker, not once per step
     small = _integers(2, 1000, np.float32, seed=5)  # still fits: shared memory
     out, errors, _ = _together(rings, lambda r, ring: ring.all_reduce(small[r]))
     np.testing.assert_array_equal(out[0][0], small[0] + small[1])

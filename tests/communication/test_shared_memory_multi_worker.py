@@ -25,6 +25,7 @@ TRAIN = textwrap.dedent(
     print("LINK", link.outbox is not None, link.inbox is not None, flush=True)
     mine = [n for n in os.listdir("/dev/shm") if n.startswith(f"krring-{os.getpid()}-")]
     print("LEFT IN /dev/shm", len(mine), flush=True)
+    print("PID", os.getpid(), flush=True)
     with strategy.scope():
         model = _workloads.mlp()
     x, y = _workloads.classification_data(512)
@@ -45,7 +46,7 @@ def _train(shared_memory: str):
     for worker in result.workers:
         assert worker.returncode == 0, worker.output[-3000:]
         for line in worker.output.splitlines():
-            for key in ("LINK", "LEFT IN /dev/shm", "WEIGHTS"):
+            for key in ("LINK", "LEFT IN /dev/shm", "WEIGHTS", "PID"):
                 if line.startswith(key + " "):
                     lines.setdefault(key, []).append(line[len(key) + 1 :])
     return lines
@@ -61,6 +62,5 @@ def test_workers_on_one_machine_share_memory_and_train_to_the_socket_rings_bits(
     assert len(set(shared["WEIGHTS"])) == 1  # the workers agree
     assert shared["WEIGHTS"] == sockets["WEIGHTS"]  # and add as the sockets do
     assert hashlib.sha256(b"").hexdigest() not in shared["WEIGHTS"]
-    assert not [
-        n for n in os.listdir(_shared_memory.DIRECTORY) if n.startswith("krring-")
-    ]
+    theirs = tuple(f"krring-{pid}-" for pid in shared["PID"] + sockets["PID"])
+    assert not [n for n in os.listdir(_shared_memory.DIRECTORY) if n.startswith(theirs)]

@@ -72,12 +72,12 @@ def test_a_dead_peer_is_an_error():
 
 
 def test_a_ring_that_cannot_open_names_the_workers_and_the_way_out():
-    from keras_replicator.communication import _socket_ring
+    from keras_replicator.communication import _ring_setup
 
     with pytest.raises(RuntimeError, match=r"worker\(s\) \[1\]\. Here: refused"):
-        _socket_ring._give_up(True, [1], "refused")
+        _ring_setup.give_up(True, [1], "refused")
     with pytest.warns(UserWarning, match="Using TensorFlow's collectives instead"):
-        assert _socket_ring._give_up(False, [0, 1], None) is None
+        assert _ring_setup.give_up(False, [0, 1], None) is None
 
 
 # ----------------------------------------------------------------- faults (issue 22)

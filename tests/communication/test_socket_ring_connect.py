@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from keras_replicator.communication import _ring_frames, _socket_ring
+from keras_replicator.communication import _ring_frames, _ring_setup, _socket_ring
 
 
 class _Exchange:
@@ -54,9 +54,9 @@ def _listen(strategy):
 @pytest.fixture
 def threads_as_workers(monkeypatch):
     monkeypatch.setattr(
-        _socket_ring, "_share", lambda s, row: s.exchange.share(s.rank, row)
+        _ring_setup, "share", lambda s, row: s.exchange.share(s.rank, row)
     )
-    monkeypatch.setattr(_socket_ring, "_listen", _listen)
+    monkeypatch.setattr(_ring_setup, "listen", _listen)
 
 
 def _connect_and_sum(size, hook=None, timeout=3.0):
@@ -124,3 +124,28 @@ def test_a_stranger_at_the_ring_port_is_refused_and_the_ring_opens(
     seen["thread"].join(5)
     assert seen.get("closed"), "the stranger's connection was left open"
     seen["socket"].close()
+
+
+def test_a_bad_shared_memory_setting_fails_every_worker_together(
+    threads_as_workers, monkeypatch
+):
+    from keras_replicator.communication import _shared_memory
+
+    monkeypatch.setenv(_shared_memory.ENVIRONMENT_VARIABLE, "maybe")
+    exchange, errors = _Exchange(2), []
+
+    def work(rank):
+        try:
+            _socket_ring.SocketRing.connect(_Worker(exchange, rank), timeout=3.0)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert len(errors) == 2, errors  # both, at once: no worker waits for the other
+    for error in errors:
+        assert "could not be opened on worker(s) [0, 1]" in error
+        assert "RING_SHARED_MEMORY='maybe'" in error
