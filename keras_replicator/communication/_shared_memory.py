@@ -297,11 +297,8 @@ class Link:
             offset += flat.nbytes
             if plus is None:
                 flat[...] = shared
-            elif flat.dtype.itemsize < 4:  # numpy adds 16-bit floats in float32
-                own = plus[index].reshape(-1).astype(np.float32)
-                flat[...] = (shared.astype(np.float32) + own).astype(flat.dtype)
             else:
-                np.add(shared, plus[index].reshape(-1), out=flat)
+                _sum_into(flat, shared, plus[index].reshape(-1))
 
 
 def open_link(send, receive, deadline, step_bytes: int = 0) -> Link:
@@ -312,8 +309,8 @@ def open_link(send, receive, deadline, step_bytes: int = 0) -> Link:
     `step_bytes`: the largest step expected (a bucket's chunk), so that the
     first calls need not grow the segment; it grows past it when needed.
     """
-    outbox = None
-    if enabled():
+    outbox, use = None, enabled()
+    if use:
         slot = _FIRST_SLOT
         while slot < step_bytes:
             slot *= 2
@@ -328,7 +325,7 @@ def open_link(send, receive, deadline, step_bytes: int = 0) -> Link:
     try:
         _ring_frames.send_all(send, [_OFFER.pack(_OFFER_MAGIC, name, token)], deadline)
         offer = _ring_frames.receive_exact(receive, _OFFER.size, deadline)
-        inbox = _map_offer(offer) if enabled() else None
+        inbox = _map_offer(offer) if use else None
         _ring_frames.send_all(receive, [b"Y" if inbox else b"N"], deadline)
         if _ring_frames.receive_exact(send, 1, deadline) != b"Y" and outbox:
             outbox.unlink()
@@ -368,15 +365,16 @@ def _unlink(path: str) -> None:
 
 def add_into(incoming, plus) -> None:
     """Adds each of `plus` into the matching array of `incoming` (16-bit in float32)."""
-    if plus is None:
-        return
-    for part, own in zip(incoming, plus):
-        if part.dtype.itemsize < 4:
-            part[...] = (part.astype(np.float32) + own.astype(np.float32)).astype(
-                part.dtype
-            )
-        else:
-            np.add(part, own, out=part)
+    for part, own in zip(incoming, plus or ()):
+        _sum_into(part, part, own)
+
+
+def _sum_into(out, a, b) -> None:
+    """`out = a + b`; 16-bit floats added in float32 (numpy has no fast 16-bit add)."""
+    if out.dtype.itemsize < 4:
+        out[...] = (a.astype(np.float32) + b.astype(np.float32)).astype(out.dtype)
+    else:
+        np.add(a, b, out=out)
 
 
 def _send_catching(sock, views, deadline, errors) -> None:
