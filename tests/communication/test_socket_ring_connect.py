@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from keras_replicator.communication import _ring_frames, _ring_setup, _socket_ring
+from keras_replicator.communication.ring import _handshake, _setup, _socket_ring
 
 
 class _Exchange:
@@ -48,16 +48,14 @@ class _Worker:
 def _listen(strategy):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(8)
+    server.listen(_setup.BACKLOG)  # the real queue, as strangers meet it
     return server, [127.0, 0.0, 0.0, 1.0, float(server.getsockname()[1])], None
 
 
 @pytest.fixture
 def threads_as_workers(monkeypatch):
-    monkeypatch.setattr(
-        _ring_setup, "share", lambda s, row: s.exchange.share(s.rank, row)
-    )
-    monkeypatch.setattr(_ring_setup, "listen", _listen)
+    monkeypatch.setattr(_setup, "share", lambda s, row: s.exchange.share(s.rank, row))
+    monkeypatch.setattr(_setup, "listen", _listen)
 
 
 def _connect_and_sum(size, hook=None, timeout=3.0):
@@ -116,7 +114,7 @@ def _stranger(table, rank, kind, seen):
 def test_a_stranger_at_the_ring_port_is_refused_and_the_ring_opens(
     threads_as_workers, monkeypatch, kind
 ):
-    monkeypatch.setattr(_ring_frames, "HANDSHAKE_TIMEOUT", 0.3)
+    monkeypatch.setattr(_handshake, "HANDSHAKE_TIMEOUT", 0.3)
     seen = {}
     start = time.monotonic()
     with pytest.warns(UserWarning, match="refused a connection"):
@@ -130,7 +128,7 @@ def test_a_stranger_at_the_ring_port_is_refused_and_the_ring_opens(
 def test_a_bad_shared_memory_setting_fails_every_worker_together(
     threads_as_workers, monkeypatch
 ):
-    from keras_replicator.communication import _shared_memory
+    from keras_replicator.communication.ring import _shared_memory
 
     monkeypatch.setenv(_shared_memory.ENVIRONMENT_VARIABLE, "maybe")
     exchange, errors = _Exchange(2), []
@@ -166,15 +164,18 @@ def _crowd(table, rank, count, held):
         held.append(stranger)
 
 
-# The 200-connection case and the warning test failed once in a full `make test`
-# (timing under the suite's load, not seen alone): in make test-slow until the
-# flake is understood (issue 34).
+# A connection beyond a full accept queue has its SYN dropped (the kernel resends it
+# after 1 s, 3 s, 7 s), and beyond `MAX_PENDING` the listener drops one at random,
+# the neighbour's too (it then connects again: this case failed about one run in
+# three before it did). So the flood gets the ring's setup time to open in (60 s by
+# default; 10 s here), while six silent ones must not delay it at all (before the
+# fix: 5 s each, one at a time).
 @pytest.mark.parametrize(
-    "count",
-    [6, pytest.param(200, marks=pytest.mark.slow)],
-    ids=["silent", "full backlog"],
+    "count, timeout", [(6, 3.0), (200, 10.0)], ids=["silent", "full backlog"]
 )
-def test_silent_strangers_do_not_keep_the_ring_from_opening(threads_as_workers, count):
+def test_silent_strangers_do_not_keep_the_ring_from_opening(
+    threads_as_workers, count, timeout
+):
     # Issue 34: connections were served one at a time, 5 s each to prove the
     # secret; a few silent ones used up the setup time (the default transport
     # then fell back to the collectives, transport="socket" failed).
@@ -182,19 +183,20 @@ def test_silent_strangers_do_not_keep_the_ring_from_opening(threads_as_workers, 
     start = time.monotonic()
     try:
         with pytest.warns(UserWarning, match="did not prove the job's secret"):
-            _connect_and_sum(2, lambda table: _crowd(table, 1, count, held))
-        assert time.monotonic() - start < 3.0  # well inside the 5 s proof time
+            _connect_and_sum(
+                2, lambda table: _crowd(table, 1, count, held), timeout=timeout
+            )
+        assert time.monotonic() - start < timeout
     finally:
         for stranger in held:
             stranger.close()
 
 
-@pytest.mark.slow
 def test_the_fallback_warning_names_the_strangers(threads_as_workers, monkeypatch):
     # Worker 0 reaches a silent listener instead of worker 1, and three silent
     # strangers sit on worker 1's port: both fall back together, and worker 1's
     # warning says what reached its port instead of its neighbour.
-    monkeypatch.setattr(_ring_setup, "ACCEPT_GRACE", 0.5)
+    monkeypatch.setattr(_setup, "ACCEPT_GRACE", 0.5)
     elsewhere = socket.socket()
     elsewhere.bind(("127.0.0.1", 0))
     elsewhere.listen(1)
@@ -208,28 +210,31 @@ def test_the_fallback_warning_names_the_strangers(threads_as_workers, monkeypatc
     exchange = _Exchange(2, hook)
 
     def work(rank):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            rings[rank] = _socket_ring.SocketRing.connect(
-                _Worker(exchange, rank), timeout=1.0, required=False
-            )
-        rings[f"warnings {rank}"] = [str(w.message) for w in caught]
+        rings[rank] = _socket_ring.SocketRing.connect(
+            _Worker(exchange, rank), timeout=1.0, required=False
+        )
 
+    # `catch_warnings` swaps process-wide state: entered once, here, not in each
+    # thread (two threads entering and leaving it lost a warning, issue 34).
     threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(15)
-    finally:
-        for s in held:
-            s.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(15)
+        finally:
+            for s in held:
+                s.close()
     assert rings[0] is None and rings[1] is None  # both on the collectives
-    fallback = [m for m in rings["warnings 1"] if "could not be opened" in m]
-    assert len(fallback) == 1, rings["warnings 1"]
-    assert "on worker(s) [0, 1]" in fallback[0]
-    assert "worker 0 did not connect and prove the job's secret" in fallback[0]
+    messages = [str(w.message) for w in caught]
+    fallback = [m for m in messages if "could not be opened" in m]
+    assert len(fallback) == 2, messages  # one a worker
+    assert all("on worker(s) [0, 1]" in m for m in fallback), fallback
     port = rings["port"]
     expected = f"3 connection(s) to port {port} did not prove the job's secret"
-    assert expected in fallback[0]
-    assert "admit only the job's hosts" in fallback[0]
+    worker_1 = [m for m in fallback if expected in m]
+    assert len(worker_1) == 1, fallback
+    assert "worker 0 did not connect and prove the job's secret" in worker_1[0]
+    assert "admit only the job's hosts" in worker_1[0]

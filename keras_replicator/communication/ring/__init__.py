@@ -1,0 +1,18 @@
+"""The socket ring: our TCP all-reduce between CPU workers (`transport="socket"`).
+
+The default transport between CPU workers of a `MultiWorkerReplicator`. One
+concept per module:
+
+- `_socket_ring`: `SocketRing`, the ring's collectives (all-reduce in two phases,
+  reduce-scatter, all-gather) on two connections per worker.
+- `_setup`: how the ring opens: ports, the table every worker shares (one
+  all-reduce of the strategy), connecting, and giving up together.
+- `_handshake`: who gets in: the job's secret, proven by every connection; the
+  listener serving every connection at once.
+- `_frames`: the bytes on the wire: per-call headers, deadlines, one ring step.
+- `_shared_memory`: payloads through shared memory between workers of one
+  machine (the sockets carry notes); `_memfd` the anonymous segments,
+  `_handover` passing them to the neighbour as descriptors.
+
+Nothing is re-exported here: the package is internal.
+"""

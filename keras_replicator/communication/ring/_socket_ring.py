@@ -1,0 +1,348 @@
+"""A ring all-reduce over plain TCP sockets, for CPU workers where gRPC is the limit.
+
+Why: between two worker processes on one 2-core machine, TensorFlow's collective
+all-reduce of 102 MB moves 7-15% of what the same processes push through a
+loopback socket (benchmarks/allreduce.py): every chunk is serialized into a gRPC
+message and copied several times, on the workers' cores. This module sums a flat
+buffer with the textbook ring (reduce-scatter, then all-gather; Patarasuk & Yuan
+2009) over one persistent TCP connection to each ring neighbour, so each byte is
+copied by the kernel and added once by numpy (on one machine: through shared
+memory, the sockets carry notes; `_shared_memory`, issue 23: 25 MB in 7 ms, not 14).
+
+The two phases are also calls of their own (issue 24), for weight-update sharding:
+`reduce_scatter` leaves worker r with chunk r of the sum, the optimizer updates
+that chunk only, and `all_gather` rebuilds the weights, for `all_reduce`'s bytes
+(`bytes_sent`) and bits (it runs the same phases, adding in the same order).
+
+It is a ``tf.numpy_function`` per gradient bucket of a `MultiWorkerReplicator` of
+one-CPU-replica workers (the default transport there, or `transport="socket"`).
+Calls are serialized in graph order (each bucket's op has a control dependency on
+the previous one), so every worker sends the same buckets in the same order. A dead
+peer fails the call at once (its connection closes), a hung one after the
+strategy's collective timeout, like TensorFlow's collectives.
+
+Safety (`_handshake`, `_frames`, issue 22): every connection proves a per-job
+secret agreed through the strategy's own all-reduce, so a stranger that connects
+to a ring port is refused (and cannot hold it: connections are served all at
+once, issue 34); every call sends a header that the receiver checks before any
+data, so buffers that differ between workers are an error on both sides of the link; the
+whole call has one deadline, the collective timeout; and a ring that failed once
+stays failed (its connections are shut down, so its neighbours fail at once too,
+and every later call raises naming the first failure): after a failure the
+workers' calls no longer pair up, and a later call would mix sums across calls.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+
+from keras_replicator.communication import _division
+from keras_replicator.communication.ring import (
+    _frames,
+    _handshake,
+    _setup,
+    _shared_memory,
+)
+
+
+class SocketRing:
+    """This worker's two connections in the ring: to rank+1 and from rank-1.
+
+    Args:
+        rank: This worker's place in the ring.
+        size: The number of workers.
+        send: The connected socket to worker `rank + 1`.
+        receive: The connected socket from worker `rank - 1`.
+        timeout: Seconds one call may take. Defaults to `None`: the `send`
+            socket's timeout (`None` there: no deadline).
+        link: The `_shared_memory.Link` whose segments carry the payloads
+            between workers on one machine. Defaults to `None`: the sockets do.
+
+    Attributes:
+        bytes_sent: The payload bytes this worker has sent, headers excluded.
+    """
+
+    def __init__(self, rank: int, size: int, send, receive, timeout=None, link=None):
+        self.rank, self.size = rank, size
+        self._link = link or _shared_memory.Link(None, None)
+        self._send, self._receive = send, receive
+        self._timeout = send.gettimeout() if timeout is None else timeout
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._failure = None  # the first failure's description; the ring is dead
+        self.bytes_sent = 0
+
+    @classmethod
+    def connect(
+        cls, strategy, timeout: float, required: bool = True, bucket_bytes: int = 0
+    ) -> SocketRing | None:
+        """Opens the ring among the strategy's workers (call on every worker).
+
+        The listening ports and IPv4 addresses are exchanged with one all-reduce
+        of the strategy, so no port needs to be configured; each worker's random
+        words ride in the same table, and every worker hashes them into the job's
+        secret, which each connection must prove (`_frames`). Whether each
+        worker could listen rides with its address, and whether it could connect
+        takes one more all-reduce, so every worker takes the same decision.
+
+        Args:
+            strategy: The `MultiWorkerReplicator` being built.
+            timeout: Seconds a ring call may take.
+            required: Raise if the ring cannot be opened on every worker.
+                Otherwise return `None` (the caller falls back to the
+                collectives); connecting then waits at most
+                `_setup.AUTO_CONNECT_TIMEOUT`.
+            bucket_bytes: The largest buffer expected, to size shared memory.
+
+        Returns:
+            This worker's `SocketRing`, or `None` if `required` is False and some
+            worker could not open it.
+
+        Raises:
+            RuntimeError: If `required` and some worker could not open the ring,
+                naming the worker and the reason.
+        """
+        size = strategy.num_replicas_in_sync
+        server, row, problem = _setup.listen(strategy)
+        try:  # checked here, so that every worker decides alike
+            _shared_memory.enabled()
+        except ValueError as error:
+            problem = problem or str(error)
+        words = _handshake.secret_words()
+        table, rank = _setup.share(strategy, row + words + [_setup.flag(problem)])
+        failed = _setup.failed(table)
+        if failed:
+            if server is not None:
+                server.close()
+            return _setup.give_up(required, failed, problem)
+        secret = _handshake.derive_secret(table[:, len(row) : len(row) + len(words)])
+        wait = timeout if required else min(timeout, _setup.AUTO_CONNECT_TIMEOUT)
+        send = receive = None
+        try:
+            send, receive = _setup.open_ring(
+                server, table[(rank + 1) % size], secret, rank, size, wait
+            )
+        except (OSError, _handshake.HandshakeError) as error:
+            problem = f"{type(error).__name__}: {error}"
+        server.close()
+        table, _ = _setup.share(strategy, [_setup.flag(problem)])
+        failed = _setup.failed(table)
+        if failed:
+            for s in (send, receive):
+                if s is not None:
+                    s.close()
+            return _setup.give_up(required, failed, problem)
+        for s in (send, receive):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.settimeout(timeout)
+        step = min(bucket_bytes, 64 * 2**20) // size + 64  # a chunk and the counts
+        try:
+            link = _shared_memory.open_link(
+                send, receive, time.monotonic() + wait, step
+            )
+        except (OSError, ValueError) as error:  # a peer died in between
+            _frames.shut_down(send, receive)
+            raise RuntimeError(f"The socket ring could not open: {error}") from error
+        return cls(rank, size, send, receive, timeout, link)
+
+    def all_reduce(self, *arrays: np.ndarray, divide_by=None) -> list[np.ndarray]:
+        """Returns the sums over all workers of `arrays` (one dtype, any shapes).
+
+        `divide_by`: divide the sums by it (float32 / float64; `_division`).
+
+        The arrays are treated as one virtual flat buffer split into one chunk per
+        worker; bytes go straight from and into the arrays (scatter-gather socket
+        calls), so no flat copy is made. 16-bit inputs travel in 16 bits but are
+        added in float32 (numpy has no vectorised float16 / bfloat16 arithmetic).
+
+        Raises:
+            RuntimeError: If the call fails (a peer died, hung past the collective
+                timeout, sent a different buffer) or an earlier one did.
+        """
+        flats = [a.reshape(-1) for a in arrays]
+        results = [_frames.aligned_empty(f.size, f.dtype) for f in flats]
+        dtype = flats[0].dtype if flats else np.dtype("float32")
+        total, n = sum(f.size for f in flats), self.size
+        if n == 1:
+            for r, f in zip(results, flats):
+                r[...] = f
+        bounds = [k * total // n for k in range(n + 1)]
+        offsets = np.cumsum([0] + [f.size for f in flats])
+
+        def pieces(buffers, chunk):
+            lo, hi = bounds[chunk], bounds[chunk + 1]
+            out = []
+            for f, start in zip(buffers, offsets[:-1]):
+                a, b = max(lo, start), min(hi, start + f.size)
+                if a < b:
+                    out.append(f[a - start : b - start])
+            return out
+
+        def work(header, deadline):
+            # Partial sums arrive straight in the results' chunks (not yet used:
+            # each chunk is visited once): no scratch buffer to allocate and
+            # fault in. An empty buffer still sends its header: peers may differ.
+            into = lambda step, chunk: pieces(results, chunk)  # noqa: E731
+            self._reduce(lambda c: pieces(flats, c), into, header, deadline)
+            if divide_by is not None:
+                _division.divide_in_place(pieces(results, self.rank), divide_by)
+            self._gather(lambda c: pieces(results, c), None, deadline)
+
+        self._call("all_reduce", dtype, total, work)
+        if n == 1 and divide_by is not None:
+            _division.divide_in_place(results, divide_by)
+        return [r.reshape(a.shape) for r, a in zip(results, arrays)]
+
+    def reduce_scatter(self, flat: np.ndarray) -> np.ndarray:
+        """Returns chunk `rank` of the sum over all workers of `flat`.
+
+        The first phase of `all_reduce` alone: with `L = flat.size // size`,
+        chunk `c` is `flat[c * L : (c + 1) * L]`; each worker sends `(size - 1)
+        * L` values. Weight-update sharding updates this chunk, then gathers.
+
+        Args:
+            flat: This worker's 1-D buffer, its size a multiple of `size` (the
+                same shape and dtype on every worker).
+
+        Returns:
+            A new 64-byte aligned 1-D array of `flat.size // size` values.
+
+        Raises:
+            ValueError: `flat` not 1-D, or not a multiple of `size` values.
+
+        Example (two workers as threads; an optimizer would update the chunk):
+        >>> import socket, concurrent.futures
+        >>> (a, b), (c, d) = socket.socketpair(), socket.socketpair()
+        >>> rings = [SocketRing(0, 2, a, d), SocketRing(1, 2, c, b)]
+        >>> grads = [np.arange(4.0), np.full(4, 10.0)]
+        >>> step = lambda r: rings[r].all_gather(rings[r].reduce_scatter(grads[r]))
+        >>> out = list(concurrent.futures.ThreadPoolExecutor(2).map(step, [0, 1]))
+        >>> out[1], rings[1].bytes_sent  # 2 float64 values in each phase
+        (array([10., 11., 12., 13.]), 32)
+        """
+        flat, n = _vector(flat, "flat", self.size), self.size
+        length = flat.size // n
+        result = _frames.aligned_empty(length, flat.dtype)
+        if n == 1:
+            result[...] = flat
+        # Partial sums alternate in 2 buffers (one sent, one filling): last `result`.
+        spare = [result, _frames.aligned_empty(length if n > 2 else 0, flat.dtype)]
+        mine = lambda c: [flat[c * length : (c + 1) * length]]  # noqa: E731
+        into = lambda step, c: [spare[(n - 2 - step) % 2]]  # noqa: E731
+        self._call("reduce_scatter", flat.dtype, flat.size, self._reduce, mine, into)
+        return result
+
+    def all_gather(self, chunk: np.ndarray) -> np.ndarray:
+        """Returns every worker's 1-D `chunk` (same size and dtype) in rank order.
+
+        The second phase of `all_reduce` alone (example: `reduce_scatter`): a new
+        64-byte aligned 1-D array, worker r's chunk at `[r * L : (r + 1) * L]`
+        (`L = chunk.size`); each worker sends `(size - 1) * L` values. Raises
+        `ValueError` if `chunk` is not 1-D, `RuntimeError` as `all_reduce`."""
+        chunk = _vector(chunk, "chunk")
+        length = chunk.size
+        result = _frames.aligned_empty(self.size * length, chunk.dtype)
+        result[self.rank * length : (self.rank + 1) * length] = chunk
+        pieces = lambda c: [result[c * length : (c + 1) * length]]  # noqa: E731
+        self._call("all_gather", chunk.dtype, length, self._gather, pieces)
+        return result
+
+    def _call(self, operation, dtype, elements, work, *args) -> None:
+        """Runs `work(*args, header, deadline)` as a call (none for one worker)."""
+        with self._lock:
+            if self._failure is not None:
+                raise RuntimeError(
+                    f"The socket ring failed earlier on worker {self.rank}, so it "
+                    f"is closed and every later call fails: {self._failure} The "
+                    "workers' calls no longer pair up; restart the job (e.g. "
+                    "resuming with `keras.callbacks.BackupAndRestore`)."
+                )
+            if self.size == 1:
+                return
+            self._calls += 1
+            header = _frames.header(self._calls, dtype, elements, operation)
+            deadline = None
+            if self._timeout is not None:
+                deadline = time.monotonic() + self._timeout
+            try:
+                work(*args, header, deadline)
+            except BaseException as error:
+                failure = self._fail(error, operation)
+                if failure is error:
+                    raise
+                raise failure from error
+
+    def _reduce(self, mine, into, header, deadline) -> None:
+        """The reduce-scatter phase: worker r ends with chunk r summed, from r + 1 on.
+
+        `mine(c)`: this worker's chunk `c` (a list of arrays); `into(step, c)`:
+        where its partial sum arrives at `step`, in the same pieces."""
+        n, rank = self.size, self.rank
+        outgoing = mine((rank - 1) % n)
+        for step in range(n - 1):
+            target = (rank - step - 2) % n
+            incoming = into(step, target)
+            first = header if step == 0 else None
+            self._exchange(outgoing, incoming, deadline, first, mine(target))
+            outgoing = incoming
+
+    def _gather(self, chunk, header, deadline) -> None:
+        """The all-gather phase: `chunk(c)`, held by worker `c`, reaches all."""
+        n, rank = self.size, self.rank
+        for step in range(n - 1):
+            sent, target = (rank - step) % n, (rank - step - 1) % n
+            first = header if step == 0 else None
+            self._exchange(chunk(sent), chunk(target), deadline, first)
+
+    def _exchange(self, outgoing, incoming, deadline, header=None, plus=None):
+        """One step (`_shared_memory.Link.exchange`); counted in `bytes_sent`."""
+        sockets, args = (self._send, self._receive), (outgoing, incoming, deadline)
+        self.bytes_sent += self._link.exchange(
+            sockets, self.rank, self.size, *args, header, plus
+        )
+
+    def _fail(self, error, operation="all_reduce") -> BaseException:
+        """Marks the ring failed, closes it; returns the error to raise."""
+        if isinstance(error, _frames.FrameMismatch):
+            cause = str(error)
+        elif isinstance(error, TimeoutError):
+            cause = (
+                f"it did not finish within the collective timeout ({self._timeout} "
+                "s): a peer hung or is too slow"
+            )
+        elif isinstance(error, ConnectionError):
+            cause = f"{error}: it died, or its call failed (its own error names why)"
+        else:
+            cause = f"{type(error).__name__}: {error}"
+        self._failure = f"call {self._calls} failed: {cause}."
+        _frames.shut_down(self._send, self._receive)
+        for s in (self._send, self._receive):
+            s.close()
+        self._link.close()
+        if not isinstance(error, Exception):
+            return error  # KeyboardInterrupt and friends stay what they are
+        name = operation.replace("_", "-")
+        return RuntimeError(
+            f"Socket {name} failed on worker {self.rank}: {self._failure}"
+        )
+
+
+def _vector(array, name: str, workers: int = 1) -> np.ndarray:
+    """`array` as contiguous 1-D, or a `ValueError` naming `name`."""
+    array = np.asarray(array)
+    if array.ndim != 1:
+        raise ValueError(
+            f"`{name}` must be a 1-D array. Received: {name}.shape={array.shape}. "
+            f"Pass `{name}.reshape(-1)`."
+        )
+    if array.size % workers:
+        raise ValueError(
+            f"`{name}` must hold a multiple of the ring's {workers} workers' values, "
+            f"one equal chunk each. Received: {name}.size={array.size}. Pad it "
+            f"to {-(-array.size // workers) * workers} values."
+        )
+    return np.ascontiguousarray(array)
