@@ -1,16 +1,18 @@
-# Every target installs what it needs into .venv from pyproject.toml's pins.
+# Every target installs what it needs into .venv: pyproject.toml's ranges, pinned
+# exactly by constraints/dev.txt (a change to either reinstalls).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CONSTRAINTS := constraints/dev.txt
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | cksum | cut -d' ' -f1)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install lint format test test-slow notebooks conformance clients demo bench clean
+.PHONY: install lint format test test-slow notebooks conformance clients demo bench clean compat-range compat-pair
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,demo,notebooks]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[dev,demo,notebooks]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -19,6 +21,7 @@ install: $(STAMP)
 lint: install
 	$(PY) -m ruff check keras_replicator tests benchmarks examples
 	$(PY) -m ruff format --check keras_replicator tests benchmarks examples
+	$(PY) -m mypy  # the public API: mypy.ini
 
 test: lint
 	$(PY) -m pytest -q --durations=25
@@ -51,8 +54,26 @@ bench: install
 	$(PY) benchmarks/allreduce.py --fit
 	$(PY) benchmarks/async_ps.py
 
+# The oldest and newest supported TensorFlow / Keras pairs (docs/compat.md), each
+# in its own virtualenv (.venv-oldest: constraints/oldest.txt; .venv-newest:
+# constraints/dev.txt): tests/test_compat.py, tests/_compat/ and the conformance
+# suite on our strategies. Not part of `make test` or CI (about an hour on 2 cores).
+COMPAT_FACTORIES := multi-device-2,multi-device-4,multi-worker-2
+
+compat-range:
+	$(MAKE) compat-pair PAIR=oldest PAIR_CONSTRAINTS=constraints/oldest.txt
+	$(MAKE) compat-pair PAIR=newest PAIR_CONSTRAINTS=constraints/dev.txt
+
+compat-pair:
+	test -x .venv-$(PAIR)/bin/python || $(PYTHON) -m venv .venv-$(PAIR)
+	.venv-$(PAIR)/bin/python -m pip install --quiet --upgrade pip
+	.venv-$(PAIR)/bin/python -m pip install --quiet -c $(PAIR_CONSTRAINTS) -e ".[dev]"
+	.venv-$(PAIR)/bin/keras-replicator env
+	.venv-$(PAIR)/bin/python -m pytest -q tests/test_compat.py tests/_compat
+	.venv-$(PAIR)/bin/keras-replicator test --factories $(COMPAT_FACTORIES)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-oldest .venv-newest build *.egg-info
 
 format: install
 	$(PY) -m ruff check --fix keras_replicator tests benchmarks examples

@@ -23,7 +23,7 @@ TIMELINE_CONFIGS = {
 
 def trace_ring_calls() -> list:
     """Records (start, end, bytes) of every socket-ring call in this process."""
-    from keras_replicator.communication import _socket_ring
+    from keras_replicator.communication.ring import _socket_ring
 
     calls = []
     original = _socket_ring.SocketRing.all_reduce

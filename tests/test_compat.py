@@ -203,3 +203,182 @@ def test_the_train_begin_hook_check_can_fail(monkeypatch):
 
     monkeypatch.setattr(tf_trainer.TensorFlowTrainer, "fit", fit)
     assert "TensorFlowTrainer.fit" in _compat.train_begin.check_upstream()
+
+
+def _install_every_group():
+    # What a process that uses everything has installed: a Replicator strategy
+    # (the Keras routing), the two fit hooks (NLCG, Neumann) and PS training.
+    import keras_replicator as kr
+    from keras_replicator.optimizers import NLCG, Neumann
+    from keras_replicator.parameter_server import _keras as ps_keras
+
+    kr.MultiDeviceReplicator(num_replicas=2)
+    NLCG(0.1)
+    Neumann(0.1)
+    ps_keras.install()
+
+
+def test_every_listed_patch_is_installed():
+    # The TensorBoard `on_train_end` patch was listed (its digest too) but lost
+    # its `replace(...)` line in a refactor: nothing noticed until this test.
+    from keras_replicator._compat import _inventory, _patching
+
+    _install_every_group()
+    missing = [
+        p.target
+        for p in _compat.PATCHES
+        if not _patching.is_replaced(*_inventory.resolve(p.target))
+    ]
+    assert not missing, f"Listed in the inventory but not installed: {missing}"
+
+
+def test_every_installed_patch_is_listed():
+    from keras_replicator._compat import _inventory, _patching
+
+    _install_every_group()
+    listed = {_inventory.resolve(p.target) for p in _compat.PATCHES}
+    unlisted = [
+        f"{getattr(owner, '__name__', owner)}.{name}"
+        for owner, name in _patching.replaced
+        if (owner, name) not in listed
+    ]
+    assert not unlisted, f"Patched but missing from _compat/_inventory.py: {unlisted}"
+    assert len(_patching.replaced) == len(set(_patching.replaced)), "patched twice"
+
+
+def test_every_patch_is_guarded_and_digest_guards_have_a_digest():
+    digests = {**_compat.UPSTREAM_DIGESTS, **_compat.WORKER_FILES_DIGESTS}
+    for patch in _compat.PATCHES:
+        assert patch.guard in ("digest", "weak"), patch
+        assert patch.upstream and patch.reason, patch
+        if patch.guard == "digest":
+            short = ".".join(patch.target.split(".")[-2:])
+            assert short in digests, f"{patch.target} says digest, none recorded"
+
+
+@pytest.mark.parametrize(
+    "owner, name",
+    [
+        ("keras.callbacks.ProgbarLogger", "on_train_begin"),
+        ("keras.callbacks.ProgbarLogger", "on_test_begin"),
+        ("keras.callbacks.ProgbarLogger", "on_predict_begin"),
+        ("keras.callbacks.BackupAndRestore", "on_epoch_begin"),
+        ("keras.callbacks.TensorBoard", "on_train_end"),
+    ],
+)
+def test_the_once_unguarded_patches_are_digest_checked(monkeypatch, owner, name):
+    import keras
+
+    install()
+    cls = getattr(keras.callbacks, owner.rsplit(".", 1)[1])
+
+    def changed_upstream(self, *args, **kwargs):  # a Keras that does more here
+        return None
+
+    monkeypatch.setattr(cls, name, changed_upstream)
+    assert f"{cls.__name__}.{name}" in _compat.check_upstream()
+
+
+def test_older_digests_are_for_supported_versions_of_known_internals():
+    from packaging.specifiers import SpecifierSet
+
+    from keras_replicator._compat._older_digests import OLDER_DIGESTS
+
+    digests = {**_compat.UPSTREAM_DIGESTS, **_compat.WORKER_FILES_DIGESTS}
+    for version, entries in OLDER_DIGESTS.items():
+        assert SpecifierSet(_compat.SUPPORTED_VERSIONS["keras"]).contains(version)
+        for name, value in entries.items():
+            assert name in digests and len(value) == 16 and value != digests[name]
+
+
+def test_digests_are_keyed_by_the_running_keras_version(monkeypatch):
+    import keras
+
+    from keras_replicator._compat import _older_digests, _patching
+
+    monkeypatch.setitem(
+        _older_digests.OLDER_DIGESTS, "3.0.1", {"Model.export": "0" * 16}
+    )
+    monkeypatch.setattr(keras, "__version__", "3.0.1")
+    assert "Model.export" in _compat.check_upstream()
+    assert _patching.expected_digest({"Model.export": "x"}, "Model.export") == "0" * 16
+
+
+def test_docs_compat_shows_the_inventory():
+    from keras_replicator._compat import _inventory
+
+    docs = pathlib.Path(__file__).parents[1] / "docs" / "compat.md"
+    assert _inventory.render() in docs.read_text(), (
+        "docs/compat.md is out of date: paste `_compat._inventory.render()` into it"
+    )
+
+
+def _kr_stamps_in(package: pathlib.Path) -> set[str]:
+    """`_kr_*` attributes our code writes on objects other than `self` / `cls`."""
+    import ast
+
+    found = set()
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        constants = {
+            target.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            for target in node.targets
+            if isinstance(target, ast.Name) and isinstance(node.value.value, str)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "setattr"
+                and len(node.args) >= 2
+            ):
+                obj, name = node.args[0], node.args[1]
+                if isinstance(name, ast.Name):
+                    name = constants.get(name.id)
+                elif isinstance(name, ast.Constant):
+                    name = name.value
+                if (
+                    isinstance(name, str)
+                    and name.startswith("_kr_")
+                    and getattr(obj, "id", None) not in ("self", "cls")
+                ):
+                    found.add(name)
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr.startswith("_kr_")
+                    and getattr(target.value, "id", None) not in ("self", "cls")
+                ):
+                    found.add(target.attr)
+    return found
+
+
+def test_kr_attributes_stamped_on_upstream_objects_are_listed():
+    import keras_replicator
+
+    package = pathlib.Path(keras_replicator.__file__).parent
+    found = _kr_stamps_in(package)
+    listed = {
+        name.strip()
+        for stamp in _compat.STAMPS
+        for name in stamp.attribute.split(",")
+        if name.strip().startswith("_kr_")
+    }
+    assert found <= listed, (
+        f"`_kr_*` attributes set on TF/Keras objects, not in the inventory's "
+        f"STAMPS: {sorted(found - listed)}"
+    )
+    assert listed <= found, f"STAMPS lists attributes no longer set: {listed - found}"
+
+
+def test_the_stamp_scan_finds_a_stamp(tmp_path):
+    (tmp_path / "m.py").write_text(
+        '_NAME = "_kr_flag"\n'
+        "def f(optimizer, strategy):\n"
+        "    setattr(optimizer, _NAME, True)\n"
+        "    strategy._kr_state = 1\n"
+        "    self._kr_own = 2\n"
+    )
+    assert _kr_stamps_in(tmp_path) == {"_kr_flag", "_kr_state"}

@@ -268,12 +268,8 @@ def test_a_skipped_collective_times_out_instead_of_hanging():
     assert int(line.split()[-1]) < 15
 
 
-def test_module_docstring_example_runs():
-    import doctest
-
-    # The module example runs outside any strategy: one replica.
-    results = doctest.testmod(replica, raise_on_error=False)
-    assert results.attempted >= 3 and results.failed == 0
+def test_module_docstring_example_is_code_only():
+    # It runs outside any strategy (one replica) in tests/test_docstring_examples.py.
     example = replica.__doc__.split("Example:")[1]
     assert all(
         line.startswith((">>>", "...", "(")) for line in example.split("\n")[1:-1]

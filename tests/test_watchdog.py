@@ -1,6 +1,5 @@
 """`exit_with_launcher()`: a serving task ends when its launcher is gone."""
 
-import doctest
 import os
 import signal
 import subprocess
@@ -65,7 +64,3 @@ def test_a_live_launcher_keeps_the_task():
 def test_outside_a_launcher_nothing_starts():
     assert not _watchdog.exit_with_launcher(environ={})
     assert not _watchdog.exit_with_launcher(environ={_watchdog.LAUNCHER_PID_ENV: "١٢"})
-
-
-def test_docstring_examples():
-    assert doctest.testmod(_watchdog, raise_on_error=False).failed == 0

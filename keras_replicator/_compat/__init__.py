@@ -12,6 +12,14 @@ they ask `hooks` what to do, and only change behaviour when the model's strategy
 Replicator strategy: stock strategies keep stock Keras behaviour, which is what lets
 the conformance suite compare the two side by side.
 
+Every patch is listed in one inventory (`PATCHES` and `STAMPS`, from `_inventory`;
+rendered in docs/compat.md): target, patching module, installer, guard (a source
+digest, or a weaker structural check), upstream issue and reason. Every group of
+patches goes in through one install-once mechanism (`_installer.install_once`),
+which first checks the running Keras and TensorFlow against the supported range
+(`_versions.SUPPORTED`; `KERAS_REPLICATOR_ALLOW_UNSUPPORTED=1` downgrades the error
+to a warning that lists what `check_upstream()` found changed).
+
 Modules, by what they patch or read:
 
 - `trainer`: Keras' TF trainer (step functions, symbolic build, progress bar, epoch
@@ -33,11 +41,17 @@ Modules, by what they patch or read:
 - `parameter_server`: fit / evaluate / predict on `ParameterServerStrategy`.
 - `strategy`: tf.distribute internals (collective keys, multi-worker mode).
 - `layers`: the batch-norm `_moments` hook.
+
+And the machinery: `_inventory` (the table), `_installer` (install once, after the
+gate), `_versions` (the supported range and the gate), `_patching` (`replace`,
+digests), `_older_digests` (digests of older supported Keras releases).
 """
 
 from __future__ import annotations
 
 from keras_replicator._compat import (
+    _installer,
+    _versions,
     accumulation,
     data,
     lamb,
@@ -51,7 +65,7 @@ from keras_replicator._compat import (
     train_begin,
     trainer,
 )
-from keras_replicator._compat._patching import install_lock
+from keras_replicator._compat._inventory import PATCHES, STAMPS
 from keras_replicator._compat.layers import register_batch_norm_moments_hook
 from keras_replicator._compat.optimizer import optimizer_variable_index
 from keras_replicator._compat.parameter_server import (
@@ -104,7 +118,6 @@ _CHECKED = (
     strategy,
     layers,
 )
-_installed = False
 
 
 def install(hooks) -> None:
@@ -113,14 +126,23 @@ def install(hooks) -> None:
     This package stays a leaf: it knows which internals to replace, never what our
     replacements do. `hooks` (`keras_integration/_hooks.KerasHooks`) answers for
     the library; `keras_integration._hooks.install()` is the caller.
+
+    Raises:
+        UnsupportedVersionError: The running Keras or TensorFlow is outside
+            `SUPPORTED_VERSIONS` (and `KERAS_REPLICATOR_ALLOW_UNSUPPORTED` is not
+            `1`).
     """
-    global _installed
-    with install_lock:
-        if _installed:
-            return
+
+    def install_all():
         for module in _PATCHED:
             module.install(hooks)
-        _installed = True
+
+    _installer.install_once(_installer.KERAS, install_all)
+
+
+SUPPORTED_VERSIONS = _versions.SUPPORTED
+UnsupportedVersionError = _versions.UnsupportedVersionError
+check_versions = _versions.check_versions
 
 
 def check_upstream() -> dict[str, str]:
@@ -132,9 +154,14 @@ def check_upstream() -> dict[str, str]:
 
 
 __all__ = [
+    "PATCHES",
+    "STAMPS",
+    "SUPPORTED_VERSIONS",
     "UPSTREAM_DIGESTS",
+    "UnsupportedVersionError",
     "WORKER_FILES_DIGESTS",
     "check_upstream",
+    "check_versions",
     "closure_queue_state",
     "in_keras_symbolic_build",
     "in_multi_worker_mode",

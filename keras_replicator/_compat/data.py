@@ -9,7 +9,7 @@ import inspect
 
 import tensorflow as tf
 
-from keras_replicator._compat._patching import unpatched
+from keras_replicator._compat._patching import replace_property_getter, unpatched
 from keras_replicator._compat.strategy import in_multi_worker_mode, is_replicator
 
 
@@ -45,16 +45,17 @@ def _patch_distributed_dataset_length():
     # (TF pads exhausted workers with empty batches), so iterate until it.
     from keras.src.trainers.data_adapters import tf_dataset_adapter
 
-    adapter = tf_dataset_adapter.TFDatasetAdapter
-    original = adapter.num_batches
+    def unknown_across_workers(original):
+        def num_batches(self):
+            dataset = self._dataset
+            if isinstance(dataset, tf.distribute.DistributedDataset):
+                strategy = getattr(dataset, "_strategy", None)
+                if is_replicator(strategy) and in_multi_worker_mode(strategy):
+                    return None
+            return original(self)
 
-    def num_batches(self):
-        dataset = self._dataset
-        if isinstance(dataset, tf.distribute.DistributedDataset):
-            strategy = getattr(dataset, "_strategy", None)
-            if is_replicator(strategy) and in_multi_worker_mode(strategy):
-                return None
-        return original.fget(self)
+        return num_batches
 
-    adapter.num_batches = property(num_batches, doc=original.__doc__)
-    adapter.num_batches.fget.__kr_original__ = original.fget
+    replace_property_getter(
+        tf_dataset_adapter.TFDatasetAdapter, "num_batches", unknown_across_workers
+    )

@@ -38,12 +38,8 @@ from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.losses import loss as _loss_module
 from keras.src.trainers import trainer as _trainer
 
-from keras_replicator._compat._patching import (
-    changed_digests,
-    install_lock,
-    replace,
-    unpatched,
-)
+from keras_replicator._compat import _installer
+from keras_replicator._compat._patching import changed_digests, replace, unpatched
 
 # Source digests of the internals we wrap or rely on, for keras==3.15.1.
 DIGESTS = {
@@ -80,17 +76,18 @@ def install(observer) -> None:
 
     Idempotent; the first observer stays (there is one, in `optimizers/`).
     """
-    global _observer
-    with install_lock:
-        if _observer is not None:
-            return
+
+    def install_observer():
+        global _observer
         _observer = observer
         replace(_trainer.Trainer, "_compute_loss", _observing)
+
+    _installer.install_once(_installer.LOSS_HOOK, install_observer)
 
 
 def installed() -> bool:
     """Whether `fit` hands its training losses to an observer."""
-    return _observer is not None
+    return _installer.installed(_installer.LOSS_HOOK)
 
 
 def _observing(original):

@@ -14,9 +14,9 @@ from keras.src.backend.common import variables as _common_variables
 from keras.src.backend.tensorflow import core as _tf_core
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 
-from keras_replicator._compat._patching import install_lock, replace, unpatched
+from keras_replicator._compat import _installer
+from keras_replicator._compat._patching import replace, unpatched
 
-_ps_installed = False
 _rescheduled_closures = [0]
 
 
@@ -34,34 +34,35 @@ def install_parameter_server(hooks) -> None:
     Keras variables' increments atomic where `hooks.atomic_updates()` says so
     (`install_atomic_updates`).
     """
-    global _ps_installed
-    with install_lock:
-        if _ps_installed:
-            return
-        trainer = _tf_trainer.TensorFlowTrainer
-        for name in ("fit", "evaluate", "predict"):
+    _installer.install_once(
+        _installer.PARAMETER_SERVER, lambda: _install_parameter_server(hooks)
+    )
 
-            def make(original, name=name):
-                def routed(self, *args, **kwargs):
-                    if not hooks.routes(self):
-                        return original(self, *args, **kwargs)
-                    return getattr(hooks, name)(self, *args, **kwargs)
 
-                return routed
+def _install_parameter_server(hooks) -> None:
+    trainer = _tf_trainer.TensorFlowTrainer
+    for name in ("fit", "evaluate", "predict"):
 
-            replace(trainer, name, make)
-        from tensorflow.python.distribute.coordinator import cluster_coordinator
+        def make(original, name=name):
+            def routed(self, *args, **kwargs):
+                if not hooks.routes(self):
+                    return original(self, *args, **kwargs)
+                return getattr(hooks, name)(self, *args, **kwargs)
 
-        def count(original):
-            def put_back(self, closure):
-                _rescheduled_closures[0] += 1
-                return original(self, closure)
+            return routed
 
-            return put_back
+        replace(trainer, name, make)
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
 
-        replace(cluster_coordinator._CoordinatedClosureQueue, "put_back", count)
-        install_atomic_updates(hooks)
-        _ps_installed = True
+    def count(original):
+        def put_back(self, closure):
+            _rescheduled_closures[0] += 1
+            return original(self, closure)
+
+        return put_back
+
+    replace(cluster_coordinator._CoordinatedClosureQueue, "put_back", count)
+    install_atomic_updates(hooks)
 
 
 def install_atomic_updates(hooks) -> None:

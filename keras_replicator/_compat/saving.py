@@ -23,6 +23,7 @@ WORKER_FILES_DIGESTS = {
     "legacy_h5_format.save_model_to_hdf5": "089058ee0d3223d6",
     "Model.export": "f11ed3b71eb342ea",
     "BackupAndRestore.on_train_begin": "dfdb7eac4983f490",
+    "BackupAndRestore.on_epoch_begin": "bacdda51dcb91fd5",
     "BackupAndRestore.on_epoch_end": "6703014b0a783529",
     "BackupAndRestore.on_train_batch_end": "cb4fdcc29daf210b",
     "BackupAndRestore.on_train_end": "3a3f33285b2c46b0",
@@ -57,6 +58,7 @@ def _worker_files_upstream():
         ),
         "Model.export": unpatched(keras.Model.export),
         "BackupAndRestore.on_train_begin": unpatched(backup.on_train_begin),
+        "BackupAndRestore.on_epoch_begin": unpatched(backup.on_epoch_begin),
         "BackupAndRestore.on_epoch_end": unpatched(backup.on_epoch_end),
         "BackupAndRestore.on_train_batch_end": unpatched(backup.on_train_batch_end),
         "BackupAndRestore.on_train_end": unpatched(backup.on_train_end),
@@ -95,7 +97,7 @@ def _patch_worker_files(hooks):
     # writers crash ("unable to lock file"). Every worker must still run the
     # save (reading on-read variables is a collective), so under our multi-worker
     # strategies the hooks send the chief's write to the real path, atomically,
-    # and the others' to scratch (keras_integration/_worker_files.py). Keras offers no
+    # and the others' to scratch (_files/worker_files.py). Keras offers no
     # hook for where a model, a checkpoint callback or TensorBoard writes.
     import keras
     from keras.src.legacy.saving import legacy_h5_format
@@ -187,3 +189,4 @@ def _patch_worker_files(hooks):
         return on_train_end
 
     replace(keras.callbacks.TensorBoard, "set_model", set_model)
+    replace(keras.callbacks.TensorBoard, "on_train_end", on_train_end)

@@ -17,7 +17,13 @@ _COLLECTIVE_KEY_STRIDE = 100_000
 
 
 def is_replicator(strategy) -> bool:
-    return getattr(strategy, "_kr_is_replicator", False)
+    """Whether `strategy` is one of our synchronous strategies.
+
+    Read from the class, where `ReplicatorMixin` declares the marker (this leaf
+    cannot import `keras_replicator._replicator_state`); nothing is set on an
+    instance, and an instance attribute cannot fake it.
+    """
+    return getattr(type(strategy), "_kr_is_replicator", False)
 
 
 def is_replicator_current() -> bool:

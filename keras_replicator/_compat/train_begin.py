@@ -31,12 +31,8 @@ import weakref
 from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras.src.callbacks import callback_list as _callback_list
 
-from keras_replicator._compat._patching import (
-    changed_digests,
-    install_lock,
-    replace,
-    unpatched,
-)
+from keras_replicator._compat import _installer
+from keras_replicator._compat._patching import changed_digests, replace, unpatched
 
 # Source digests of the internals we wrap, for keras==3.15.1.
 DIGESTS = {
@@ -80,19 +76,20 @@ def install(listener) -> None:
 
     Idempotent; the first listener stays (there is one, in `optimizers/`).
     """
-    global _listener
-    with install_lock:
-        if _listener is not None:
-            return
+
+    def install_listener():
+        global _listener
         _listener = listener
         callbacks = _callback_list.CallbackList
         replace(callbacks, "on_train_begin", _marking)
         replace(callbacks, "on_train_batch_begin", _announcing)
 
+    _installer.install_once(_installer.TRAIN_BEGIN, install_listener)
+
 
 def installed() -> bool:
     """Whether `fit` announces its first training step to a listener."""
-    return _listener is not None
+    return _installer.installed(_installer.TRAIN_BEGIN)
 
 
 def _marking(original):

@@ -13,6 +13,7 @@ import inspect
 
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as _tf_trainer
+from keras.src.callbacks import progbar_logger as _progbar
 
 from keras_replicator._compat._patching import changed_digests, replace, unpatched
 from keras_replicator._compat.strategy import is_replicator
@@ -26,7 +27,12 @@ DIGESTS = {
     "TensorFlowTrainer._maybe_symbolic_build": "92a504f5eba9b29f",
     "TensorFlowTrainer.train_step": "debf0efab9d5794b",
     "TensorFlowTrainer.test_step": "a8f04a25512e74e2",
+    # Wrapped by `_patch_progress_bar` (it only sets `verbose` first).
+    "ProgbarLogger.on_train_begin": "a9665d414b01806e",
+    "ProgbarLogger.on_test_begin": "7f67a3bce6bedd6d",
+    "ProgbarLogger.on_predict_begin": "0d2339aa65afbf12",
 }
+_PROGRESS_EVENTS = ("on_train_begin", "on_test_begin", "on_predict_begin")
 
 
 def _upstream_objects():
@@ -42,6 +48,10 @@ def _upstream_objects():
         ),
         "TensorFlowTrainer.train_step": trainer.train_step,
         "TensorFlowTrainer.test_step": trainer.test_step,
+        **{
+            f"ProgbarLogger.{event}": unpatched(getattr(_progbar.ProgbarLogger, event))
+            for event in _PROGRESS_EVENTS
+        },
     }
 
 
@@ -231,5 +241,5 @@ def _patch_progress_bar(hooks):
 
         return on_begin
 
-    for event in ("on_train_begin", "on_test_begin", "on_predict_begin"):
+    for event in _PROGRESS_EVENTS:
         replace(keras.callbacks.ProgbarLogger, event, silence_non_chief)

@@ -12,7 +12,7 @@ into a hidden staging directory next to it, flushed to disk, then renamed over
 file or the new one, never half of one. Other workers write to a private scratch
 directory that is deleted right away. The chief is the `chief` task, else worker 0
 (`strategy.extended.should_checkpoint`, TensorFlow's own rule). The writes are
-`keras_replicator.keras_integration._worker_files`', which also route Keras' own
+`keras_replicator._files.worker_files`', which also route Keras' own
 `ModelCheckpoint` under `MultiWorkerReplicator`; this class does the same under
 every strategy, one device included.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_replicator.keras_integration._worker_files import is_chief, save_checkpoint
+from keras_replicator._files.worker_files import is_chief, save_checkpoint
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):

@@ -12,6 +12,9 @@ collective; variables whose hashes differ between replicas are named in the erro
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -61,8 +64,8 @@ class ReplicaConsistencyCheck(keras.callbacks.Callback):
         self.every_n_steps = every_n_steps
         self.include_optimizer = include_optimizer
         self.check_on_epoch_end = check_on_epoch_end
-        self._function = None
-        self._variables = None
+        self._function: Callable[[], Any] | None = None
+        self._variables: list | None = None
 
     def on_train_batch_end(self, batch, logs=None):
         if (batch + 1) % self.every_n_steps == 0:

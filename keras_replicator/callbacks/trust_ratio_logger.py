@@ -10,12 +10,17 @@ Keras' own loggers (`History`, `CSVLogger`, `TensorBoard`) record them.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import keras
 import numpy as np
 
-_STATISTICS = {"mean": np.mean, "min": np.min, "max": np.max}
+_STATISTICS: dict[str, Callable[[np.ndarray], Any]] = {
+    "mean": np.mean,
+    "min": np.min,
+    "max": np.max,
+}
 
 
 class TrustRatioLogger(keras.callbacks.Callback):
@@ -110,7 +115,7 @@ class TrustRatioLogger(keras.callbacks.Callback):
         self.effective_learning_rate = bool(effective_learning_rate)
         self.update_freq = update_freq
         self.prefix = prefix
-        self._members = None
+        self._members: dict[str, list[str]] | None = None
 
     def on_train_begin(self, logs=None):
         from keras_replicator.optimizers import LARS
@@ -180,7 +185,8 @@ class TrustRatioLogger(keras.callbacks.Callback):
                 members.setdefault(path.rpartition("/")[0] or path, []).append(path)
             return members
         members = {}
-        for name, pattern in self.groups.items():
+        patterns = cast(dict[str, str], self.groups)  # not one of the names above
+        for name, pattern in patterns.items():
             matched = [path for path in paths if re.search(pattern, path)]
             if not matched:
                 raise ValueError(

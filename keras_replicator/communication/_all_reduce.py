@@ -2,9 +2,9 @@
 
 Every gradient all-reduce of a Replicator strategy (the sample-weighted mean of
 `fit` / `run_steps` / `wrap_optimizer`, and the stock-contract sum of a plain
-`strategy.run` loop, see `_gradients`) ends in `all_reduce_sum`. What it does
+`strategy.run` loop, see `_reduction`) ends in `all_reduce_sum`. What it does
 with the bytes is this module's concern alone; the reduction rule (what is
-summed, what it is divided by) is `_gradients`'.
+summed, what it is divided by) is `_reduction`'s.
 
 The bytes follow the strategy's `kr.AllReduceOptions` (a stock strategy, e.g. a
 `tf.distribute.MirroredStrategy` under `kr.wrap_optimizer`, gets the defaults):
@@ -14,9 +14,11 @@ The bytes follow the strategy's `kr.AllReduceOptions` (a stock strategy, e.g. a
    reads the tensors directly), so a bucket can travel while the backward pass
    is still producing earlier layers';
 2. a bucket may be cast to 16 bits for the wire (`_compression`);
-3. a bucket is summed by the strategy's collectives, by a hierarchical
-   all-reduce over native sub-groups with `hierarchy=` (`_hierarchy`), or, with
-   `transport="socket"`, by our TCP ring (`_socket_ring`).
+3. a bucket is summed by the strategy's transport (`_transport`): its
+   collectives, a hierarchical all-reduce over native sub-groups with
+   `hierarchy=` (`_hierarchy`), or, with `transport="socket"`, our TCP ring.
+   `reduce_bucket` is that step for one bucket, which the sharded update
+   (`sharding/`) reuses for a 16-bit wire.
 
 `tf.IndexedSlices` gradients keep TensorFlow's own sparse path (an all-gather),
 uncompressed, and come back with each row once (`_gradient_form`: the library's
@@ -28,31 +30,28 @@ bucket, or with the first fp16 scale all-reduce, or alone.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import tensorflow as tf
 
+from keras_replicator._replicator_state import replicator_state
 from keras_replicator.communication import (
     _buckets,
     _compression,
     _division,
     _gradient_form,
-    _hierarchy,
+    _transport,
 )
 from keras_replicator.communication.options import AllReduceOptions
 
-OPTIONS_ATTRIBUTE = "_kr_all_reduce_options"
-RING_ATTRIBUTE = "_kr_socket_ring"
-TIMEOUT_ATTRIBUTE = "_kr_collective_timeout"
-# Per graph, the output of its last socket all-reduce: the next one waits for it,
-# so every worker runs them in the same (program) order.
-_LAST_RING_OP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MB = 1e6
 
 
 def options_of(strategy) -> AllReduceOptions:
     """The strategy's all-reduce options; defaults for stock strategies."""
-    return getattr(strategy, OPTIONS_ATTRIBUTE, None) or AllReduceOptions()
+    state = replicator_state(strategy)
+    if state is None or state.options is None:
+        return AllReduceOptions()
+    return state.options
 
 
 def all_reduce_sum(
@@ -90,42 +89,41 @@ def all_reduce_sum(
         options = dataclasses.replace(options, transport=transport)
     gradients = list(gradients)
     pending_exact = [tf.cast(e, tf.float32) for e in exact]
-    reducer = _Reducer(context, options, strategy)
-    summed: dict = {}
-    sparse = [i for i, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
-    groups: dict = {}
-    for i, grad in enumerate(gradients):
-        if i not in sparse:
-            groups.setdefault(grad.dtype, []).append(i)
     if divide_by_exact and not pending_exact:
         raise ValueError(
             "`divide_by_exact=True` divides by the summed `exact[0]`, so `exact` "
             f"needs a value. Received: exact={exact!r}."
         )
+    transport = _transport.transport_for(strategy, options, context)
+    sparse = [i for i, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
+    dense = [i for i in range(len(gradients)) if i not in sparse]
+    summed: dict = {}
     summed_exact, total = None, None
-    if divide_by_exact and reducer.divides(options):
+    if divide_by_exact and transport.divides and options.compression is None:
         # The count first, alone (a few bytes): every bucket then divides its
-        # own chunk inside the ring.
-        summed_exact = reducer.sum_alone(pending_exact)
+        # own chunk inside the transport.
+        summed_exact = tf.unstack(transport.all_reduce([tf.stack(pending_exact)])[0])
         pending_exact, total = [], summed_exact[0]
     divided = set()
-    bucket_bytes = options.resolved_bucket_mb() * _MB
     # Float32 / float64 first: their first bucket carries the exact scalars.
-    dtypes = sorted(groups, key=lambda d: d not in (tf.float32, tf.float64))
-    for dtype in dtypes:
-        indices = groups[dtype]
-        tensors = [gradients[i] for i in indices]
-        sizes = [_buckets.num_bytes(t) for t in tensors]
-        for bucket in _buckets.plan(sizes, bucket_bytes):
-            members = [tensors[j] for j in bucket]
-            carry = pending_exact if dtype in (tf.float32, tf.float64) else []
-            fused = total if dtype in _division.FUSED_DTYPES else None
-            reduced, carried = reducer.reduce_bucket(members, carry, fused)
-            if carry:
-                summed_exact, pending_exact = carried, []
-            summed.update((indices[j], r) for j, r in zip(bucket, reduced))
-            if fused is not None:
-                divided.update(indices[j] for j in bucket)
+    buckets = _buckets.plan_by_dtype(
+        [gradients[i] for i in dense], options.resolved_bucket_mb() * _MB
+    )
+    for bucket in buckets:
+        indices = [dense[j] for j in bucket]
+        members = [gradients[i] for i in indices]
+        dtype = members[0].dtype
+        carry = pending_exact if dtype in _buckets.EXACT_CARRIERS else []
+        fused = total if dtype in _division.FUSED_DTYPES else None
+        reduced, carried = reduce_bucket(
+            transport, members, carry, options.compression, fused
+        )
+        if carry:
+            summed_exact, pending_exact = carried, []
+        summed.update(zip(indices, reduced))
+        if fused is not None:
+            divided.update(indices)
+    # TensorFlow's own paths: the sparse all-gather, and scalars no bucket carried.
     if sparse:
         reduced = context.all_reduce(
             tf.distribute.ReduceOp.SUM, [gradients[i] for i in sparse]
@@ -144,117 +142,53 @@ def all_reduce_sum(
     return results, list(summed_exact or [])
 
 
-def ring_call(function, values, shapes, name: str, extra=()) -> list[tf.Tensor]:
-    """Runs a socket-ring call on `values` after the graph's previous ring call.
-
-    Every worker traces the same program, so chaining each ring call on the
-    previous one makes all workers send the same buffers in the same order.
+def reduce_bucket(transport, members, exact, compression=None, total=None):
+    """Sums one bucket of same-dtype tensors over `transport`.
 
     Args:
-        function: A `SocketRing` method taking and returning numpy arrays.
-        values: The input tensors; the outputs have the same dtypes.
-        shapes: The outputs' static shapes.
-        name: The op's name after `socket_` (e.g. `"all_reduce"`).
-        extra: Inputs passed to `function` before `values`, with no output.
+        transport: A `_transport.Transport`.
+        members: The bucket's dense tensors (one dtype).
+        exact: Float32 scalars to sum exactly alongside (may be empty).
+        compression: The wire format (`AllReduceOptions.compression`). Defaults
+            to `None`.
+        total: Divide the sums by it inside the transport (only where it
+            `divides`, uncompressed). Defaults to `None`.
+
+    Returns:
+        `(summed members, summed exact)`.
     """
-    eager = tf.executing_eagerly()  # `fit(run_eagerly=True)`: program order
-    graph = None if eager else tf.compat.v1.get_default_graph()
-    previous = None if eager else _LAST_RING_OP.get(graph)
-    with tf.control_dependencies([previous] if previous is not None else []):
-        results = tf.numpy_function(
-            function,
-            list(extra) + list(values),
-            [v.dtype for v in values],
-            name=f"socket_{name}",
-        )
-    # Eagerly, one output comes back as a tensor, not a list of one.
-    if not isinstance(results, (list, tuple)):
-        results = [results]
-    for result, shape in zip(results, shapes):
-        result.set_shape(shape)
-    if not eager:
-        _LAST_RING_OP[graph] = results[0]
-    return list(results)
+    dtype = members[0].dtype
+    if total is not None:
+        return transport.all_reduce(list(members), divide_by=total), []
+    if transport.fuses and not _compression.compresses(compression, dtype):
+        # The transport reads the tensors and writes the sums directly: no flat copy.
+        extra = [tf.cast(tf.stack(exact), dtype)] if exact else []
+        summed = transport.all_reduce(list(members) + extra)
+        if exact:
+            return summed[:-1], tf.unstack(tf.cast(summed[-1], tf.float32))
+        return summed, []
 
+    def sum_flat(value):
+        return transport.all_reduce([value])[0]
 
-class _Reducer:
-    """Sums one bucket at a time with the strategy's collectives and options."""
-
-    def __init__(self, context, options: AllReduceOptions, strategy):
-        self._context = context
-        self._options = options
-        self._ring = None
-        self._timeout = getattr(strategy, TIMEOUT_ATTRIBUTE, None)
-        if options.transport == "socket":
-            self._ring = getattr(strategy, RING_ATTRIBUTE, None)
-            if self._ring is None:
-                raise ValueError(
-                    "`transport='socket'` needs a `MultiWorkerReplicator` built "
-                    "with it: `kr.MultiWorkerReplicator(all_reduce="
-                    "kr.AllReduceOptions(transport='socket'))`. Received: "
-                    f"strategy={strategy!r}."
-                )
-
-    def _sum(self, value):
-        if self._ring is None and self._options.hierarchy is not None:
-            return _hierarchy.sum_over_replicas(
-                value, self._options.hierarchy, self._options.group_size, self._timeout
-            )
-        if self._ring is None:
-            return self._context.all_reduce(tf.distribute.ReduceOp.SUM, value)
-        return self._ring_sum([value])[0]
-
-    def _ring_sum(self, values, total=None):
-        shapes = [v.shape for v in values]
-        if total is None:
-            return ring_call(self._ring.all_reduce, values, shapes, "all_reduce")
-        ring = self._ring
-
-        def divided(total, *arrays):
-            return ring.all_reduce(*arrays, divide_by=total)
-
-        return ring_call(divided, values, shapes, "all_reduce", extra=[total])
-
-    def divides(self, options) -> bool:
-        """Whether buckets are divided by the count inside the transport."""
-        return self._ring is not None and options.compression is None
-
-    def sum_alone(self, exact):
-        """The exact scalars summed in one call of their own (socket ring)."""
-        return tf.unstack(self._ring_sum([tf.stack(exact)])[0])
-
-    def reduce_bucket(self, members, exact, total=None):
-        """Returns `(summed members, summed exact)` for one bucket of one dtype;
-        the members divided by `total` in the ring if given (`divides`)."""
-        dtype = members[0].dtype
-        compression = self._options.compression
-        if total is not None:
-            return self._ring_sum(list(members), total), []
-        if self._ring is not None and not _compression.compresses(compression, dtype):
-            # The ring reads the gradients and writes the sums directly: no flat copy.
-            extra = [tf.cast(tf.stack(exact), dtype)] if exact else []
-            summed = self._ring_sum(list(members) + extra)
-            if exact:
-                return summed[:-1], tf.unstack(tf.cast(summed[-1], tf.float32))
-            return summed, []
-        flat = _buckets.flatten(members)
-        if not _compression.compresses(compression, dtype):
-            if exact:
-                flat = tf.concat([flat, tf.cast(tf.stack(exact), dtype)], axis=0)
-            flat = self._sum(flat)
-            summed_exact = []
-            if exact:
-                summed_exact = tf.unstack(tf.cast(flat[-len(exact) :], tf.float32))
-                flat = flat[: -len(exact)]
-            return _buckets.unflatten(flat, members), summed_exact
-        scale = None
+    flat = _buckets.flatten(members)
+    if not _compression.compresses(compression, dtype):
+        if exact:
+            flat = tf.concat([flat, tf.cast(tf.stack(exact), dtype)], axis=0)
+        flat = sum_flat(flat)
         summed_exact = []
-        if _compression.needs_scale(compression):
-            head = self._sum(tf.stack([_compression.local_max_abs(flat), *exact]))
-            scale = _compression.scale_for(head[0])
-            summed_exact = tf.unstack(head[1:]) if exact else []
-        elif exact:
-            summed_exact = tf.unstack(self._sum(tf.stack(exact)))
-        wire = self._sum(_compression.encode(flat, compression, scale))
-        flat = _compression.decode(wire, dtype, scale)
+        if exact:
+            summed_exact = tf.unstack(tf.cast(flat[-len(exact) :], tf.float32))
+            flat = flat[: -len(exact)]
         return _buckets.unflatten(flat, members), summed_exact
+    scale = None
+    summed_exact = []
+    if _compression.needs_scale(compression):
+        head = sum_flat(tf.stack([_compression.local_max_abs(flat), *exact]))
+        scale = _compression.scale_for(head[0])
+        summed_exact = tf.unstack(head[1:]) if exact else []
+    elif exact:
+        summed_exact = tf.unstack(sum_flat(tf.stack(exact)))
+    wire = sum_flat(_compression.encode(flat, compression, scale))
+    flat = _compression.decode(wire, dtype, scale)
+    return _buckets.unflatten(flat, members), summed_exact

@@ -90,3 +90,32 @@ def num_bytes(tensor) -> int | None:
 def _restore_shape(tensor, like):
     tensor.set_shape(like.shape)
     return tensor
+
+
+# Buckets of these dtypes carry the exact float32 scalars (sample counts); a
+# 16-bit bucket would round counts above 2048.
+EXACT_CARRIERS = (tf.float32, tf.float64)
+
+
+def plan_by_dtype(tensors, bucket_bytes: float) -> list[list[int]]:
+    """Buckets of same-dtype indices of `tensors`, float32 / float64 first.
+
+    Within a dtype, `plan`'s reverse order; the first bucket of an
+    `EXACT_CARRIERS` dtype, if any, is the first bucket returned, so it can carry
+    the exact scalars. Used by the all-reduce and by the sharded update alike.
+
+    Example:
+    >>> import tensorflow as tf
+    >>> plan_by_dtype([tf.zeros(2, tf.float16), tf.zeros(2), tf.zeros(2)], 16)
+    [[2, 1], [0]]
+    """
+    groups: dict = {}
+    for i, tensor in enumerate(tensors):
+        groups.setdefault(tensor.dtype, []).append(i)
+    buckets = []
+    for dtype in sorted(groups, key=lambda d: d not in EXACT_CARRIERS):
+        indices = groups[dtype]
+        sizes = [num_bytes(tensors[i]) for i in indices]
+        for bucket in plan(sizes, bucket_bytes):
+            buckets.append([indices[j] for j in bucket])
+    return buckets

@@ -1,7 +1,7 @@
 """Division by the summed sample count: in TensorFlow, and fused into the socket ring.
 
 The sample-weighted gradient mean ends in ``sum_r(n_r * g_r) / sum_r(n_r)``
-(`keras_integration._gradients`). A division costs about twice a multiplication
+(`_reduction`). A division costs about twice a multiplication
 here (1.8 vs 0.9 ms a step for the 6.3M-parameter MLP), so below float64 it is a
 product with the reciprocal, taken in float64 and rounded once to the gradient's
 dtype: at most one rounding more (float32: 6e-8 relative). float64 gradients are

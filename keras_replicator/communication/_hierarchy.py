@@ -64,16 +64,21 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import weakref
 
 import tensorflow as tf
+
+from keras_replicator._replicator_state import replicator_state
 
 # Offset of our group keys from the strategy's collective key base; the stock
 # strategy allocates a handful of keys from base + 1 (`_compat` strides bases by
 # 100,000).
 _GROUP_KEY_OFFSET = 60_000
 _COLUMN_KEY_OFFSET = 20_000
-_STATE_ATTRIBUTE = "_kr_hierarchy_state"
 _STATE_LOCK = threading.Lock()
+# Counters of strategies with no `ReplicatorState` (a stock MirroredStrategy
+# passed hierarchical options directly); ours keep theirs in their state.
+_STOCK_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,9 +282,11 @@ class _State:
 
 
 def _state_of(strategy) -> _State:
+    """The strategy's counters and tokens: `ReplicatorState.hierarchy` for ours."""
+    owner = replicator_state(strategy)
     with _STATE_LOCK:
-        state = getattr(strategy, _STATE_ATTRIBUTE, None)
-        if state is None:
-            state = _State()
-            setattr(strategy, _STATE_ATTRIBUTE, state)
-        return state
+        if owner is None:
+            return _STOCK_STATES.setdefault(strategy, _State())
+        if owner.hierarchy is None:
+            owner.hierarchy = _State()
+        return owner.hierarchy

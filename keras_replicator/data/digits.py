@@ -78,9 +78,12 @@ def prepare_digits(data_dir: str | None = None, num_shards: int = 4):
         The prepared `tfds.core.DatasetBuilder`; read it with `as_dataset(split=...)`.
 
     Example:
+    >>> import tempfile
     >>> from keras_replicator.data import prepare_digits
-    >>> builder = prepare_digits()            # doctest: +SKIP
-    >>> builder.info.splits["train"].num_examples   # doctest: +SKIP
+    >>> builder = prepare_digits(tempfile.mkdtemp())
+    Downloading and preparing dataset ...
+    Dataset replicator_digits downloaded and prepared to ... reuse this data.
+    >>> builder.info.splits["train"].num_examples
     1438
     """
     check_int("num_shards", num_shards)

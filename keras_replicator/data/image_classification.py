@@ -80,9 +80,13 @@ def load_image_classification(
         An `ImageClassificationData`.
 
     Example:
+    >>> import tempfile
     >>> from keras_replicator.data import load_image_classification
-    >>> data = load_image_classification("digits", image_size=16)  # doctest: +SKIP
-    >>> data.image_shape, data.num_classes                          # doctest: +SKIP
+    >>> data = load_image_classification(
+    ...     "digits", data_dir=tempfile.mkdtemp(), image_size=16
+    ... )
+    Downloading and preparing dataset ...
+    >>> data.image_shape, data.num_classes
     ((16, 16, 1), 10)
     """
     if not isinstance(source, str) or not source:

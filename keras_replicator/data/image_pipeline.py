@@ -205,13 +205,22 @@ def image_pipeline(
     reading stopped.
 
     Example:
-    >>> from keras_replicator.data import image_pipeline
-    >>> dataset = image_pipeline(
-    ...     "/data/train-*", batch_size=64, image_size=128, training=True
-    ... )  # doctest: +SKIP
-    >>> def input_fn(context):                                  # doctest: +SKIP
-    ...     return image_pipeline("/data/train-*", training=True, image_size=128,
-    ...         batch_size=context.get_per_replica_batch_size(256),
+    >>> import numpy as np, os, tempfile
+    >>> from keras_replicator.data import image_pipeline, write_image_tfrecords
+    >>> directory = tempfile.mkdtemp()
+    >>> images = np.zeros([8, 32, 32, 3], np.uint8)
+    >>> _ = write_image_tfrecords(images, [0, 1] * 4, directory, num_shards=2)
+    >>> pattern = os.path.join(directory, "data-*")
+    >>> dataset = image_pipeline(pattern, batch_size=4, image_size=16, training=True)
+    >>> images, labels = next(iter(dataset))
+    >>> tuple(images.shape), tuple(labels.shape)
+    ((4, 16, 16, 3), (4,))
+
+    With a strategy, one pipeline per input worker reads its share of the files:
+
+    >>> def input_fn(context):
+    ...     return image_pipeline(pattern, training=True, image_size=16,
+    ...         batch_size=context.get_per_replica_batch_size(8),
     ...         input_context=context)
     """
     _pipeline_arguments.check(

@@ -148,7 +148,7 @@ def distribute(
     >>> from keras_replicator.data import service
     >>> local = service.start_local_service(num_workers=2)
     >>> dataset = service.distribute(tf.data.Dataset.range(6), local.address)
-    >>> sorted(dataset.as_numpy_iterator())
+    >>> sorted(int(value) for value in dataset.as_numpy_iterator())
     [0, 1, 2, 3, 4, 5]
     """
     if not isinstance(dataset, tf.data.Dataset):

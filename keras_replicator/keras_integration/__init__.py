@@ -6,17 +6,17 @@
 - `_hooks`: `KerasHooks`, every question `_compat`'s patches ask, and `install()`.
 - `_steps`: the train / test / predict functions; `_loop` the compiled multi-step
   loop (`steps_per_execution > 1`).
-- `_gradients`: the gradient reduction rule (sample-weighted mean vs stock sum);
-  `_sample_count` each replica's declared sample count; `_wrap_optimizer`
+- `_sample_count`: each replica's declared sample count (read where Keras hands
+  back, passed to the reduction rule, `communication/_reduction`); `_accumulation`
+  the rule over a gradient-accumulation cycle; `_wrap_optimizer`
   (`kr.wrap_optimizer`).
 - `_global_metrics`: exact global metric logs; `_sample_counter` (throughput).
 - `_validation`: early errors for misuse (model outside the scope, small batches).
-- `_worker_files`: who writes a file on several workers (the chief, atomically).
-- `_atomic_publish`: writing a file or directory into place in one step
-  (symlinks, directory swap, leftovers of killed saves).
+
+Who writes a file on several workers, and the atomic writes themselves, are
+`keras_replicator/_files/` (below this package and `callbacks/`): `_hooks` routes
+Keras' own saving, `ModelCheckpoint`, `BackupAndRestore` and TensorBoard there.
 
 Nothing is re-exported here: the package is internal, and keeping this file free of
-imports means importing one of its modules (as `callbacks/` does) never pulls in
-`_hooks`, which reaches up to `callbacks.BackupAndRestore` when Keras' own
-BackupAndRestore runs on several workers.
+imports means importing one of its modules never pulls in `_hooks`.
 """

@@ -1,8 +1,8 @@
 """The reduction rule for Keras' `gradient_accumulation_steps` under our strategies.
 
 Each replica accumulates its own gradients (`_compat/accumulation.py` keeps them
-local and all-reduces once per update), so the rule of `_gradients` applies to
-the whole accumulation cycle instead of to one step:
+local and all-reduces once per update), so the rule of `communication/_reduction`
+applies to the whole accumulation cycle instead of to one step:
 
 * where the library knows each replica's sample count (`fit`, `run_steps`,
   `kr.wrap_optimizer`), a replica accumulates its *weighted* gradients
@@ -36,7 +36,8 @@ import contextlib
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.keras_integration import _gradients, _sample_count
+from keras_replicator.communication import _reduction
+from keras_replicator.keras_integration import _sample_count
 
 
 def accumulates_per_replica(optimizer) -> bool:
@@ -55,14 +56,15 @@ def weigh_micro_batch(optimizer, grads):
     None, the update takes Keras' mean over the micro-steps.
     """
     grads = [_dense(g) for g in grads]
-    if _gradients.single_replica() or not _gradients.averages(
-        optimizer, on_replicator=True
+    declared = _sample_count.declared()
+    if _reduction.single_replica() or not _reduction.averages(
+        optimizer, on_replicator=True, declared=declared
     ):
         # As Keras accumulates under stock strategies: a gradient that is one
         # tensor on every replica becomes a per-replica sum with the accumulator
         # and is then summed once per replica, as the Keras distribute test expects.
         return grads, None
-    weighed, exact = _gradients.prepare_sum(grads, average=True)
+    weighed, exact = _reduction.prepare_sum(grads, average=True, declared=declared)
     return weighed, exact[0]
 
 

@@ -16,13 +16,13 @@ import keras
 import tensorflow as tf
 
 from keras_replicator import _compat, _roles
+from keras_replicator._files import backup, worker_files
+from keras_replicator.communication import _reduction
 from keras_replicator.keras_integration import (
     _accumulation,
-    _gradients,
     _sample_count,
     _steps,
     _validation,
-    _worker_files,
 )
 from keras_replicator.sharding import _saving, _slots, _support, _update
 
@@ -60,30 +60,30 @@ class KerasHooks:
     @staticmethod
     def keeps_replica_mean_loss() -> bool:
         """True inside our steps: losses stay per-replica means (no 1/N)."""
-        return (
-            _compat.is_replicator_current()
-            and _sample_count.current_sample_count() is not None
-        )
+        return _compat.is_replicator_current() and _sample_count.declared() is not None
 
     @staticmethod
     def scale_loss(loss):
         """`optimizer.scale_loss`: our steps put the sample count on the loss.
 
         Not with one replica in sync, whose gradient is never weighted (see
-        `_gradients.single_replica`).
+        `_reduction.single_replica`).
         """
-        if _compat.is_replicator_current() and not _gradients.single_replica():
+        if _compat.is_replicator_current() and not _reduction.single_replica():
             return _sample_count.scale_loss_by_sample_count(loss)
         return loss
 
     @staticmethod
     def all_reduce_gradients(optimizer, grads_and_vars):
-        """The reduction rule (`_gradients`); None leaves Keras' stock sum."""
+        """The reduction rule (`communication/_reduction`); None leaves Keras'
+        stock sum. The step's sample count is read here, where Keras hands over,
+        and passed down."""
+        declared = _sample_count.declared()
         on_replicator = _compat.is_replicator_current()
-        average = _gradients.averages(optimizer, on_replicator)
+        average = _reduction.averages(optimizer, on_replicator, declared)
         if not (on_replicator or average):
             return None
-        return _gradients.all_reduce(grads_and_vars, average=average)
+        return _reduction.all_reduce(grads_and_vars, average, declared)
 
     # Keras' `gradient_accumulation_steps`: local accumulators, one all-reduce per
     # update (`_compat/accumulation.py`, the rule in `_accumulation`).
@@ -104,7 +104,7 @@ class KerasHooks:
         if (
             context is None
             or not _compat.is_replicator_current()
-            or _gradients.single_replica()
+            or _reduction.single_replica()
         ):
             return finite
         overflowed = tf.cast(tf.logical_not(finite), tf.float32)
@@ -135,7 +135,18 @@ class KerasHooks:
 
     # Weight-update sharding (`sharding/`): piece-shaped slots, the sharded update.
     shards_weight_update = staticmethod(_support.shards)
-    sharded_update_step = staticmethod(_update.sharded_update_step)
+
+    @staticmethod
+    def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
+        """The sharded `_backend_update_step`, with the step's sample count."""
+        return _update.sharded_update_step(
+            optimizer,
+            grads,
+            trainable_variables,
+            learning_rate,
+            declared=_sample_count.declared(),
+        )
+
     sharded_values_to_save = staticmethod(_saving.values_to_save)
     load_sharded = staticmethod(_saving.load)
 
@@ -163,33 +174,27 @@ class KerasHooks:
         return _compat.is_replicator(strategy) and not _roles.is_chief(strategy)
 
     # Keras' own saving on several workers: the chief writes, atomically
-    # (`_worker_files`).
-    routes_worker_files = staticmethod(_worker_files.routes)
-    save_model_file = staticmethod(_worker_files.save_model_file)
-    save_checkpoint = staticmethod(_worker_files.save_checkpoint)
-    log_dir_for_worker = staticmethod(_worker_files.log_dir_for_worker)
-    remove_scratch = staticmethod(_worker_files.remove_scratch)
+    # (`_files/worker_files`).
+    routes_worker_files = staticmethod(worker_files.routes)
+    save_model_file = staticmethod(worker_files.save_model_file)
+    save_checkpoint = staticmethod(worker_files.save_checkpoint)
+    log_dir_for_worker = staticmethod(worker_files.log_dir_for_worker)
+    remove_scratch = staticmethod(worker_files.remove_scratch)
 
     @staticmethod
     def backup_engine(callback):
         """What Keras' `BackupAndRestore` forwards its events to, or None (stock).
 
-        Under our multi-worker strategies: a `keras_replicator.callbacks.
-        BackupAndRestore` with the same arguments (chief-only, atomic commits),
-        one per Keras callback.
+        Under our multi-worker strategies: the engine of `keras_replicator.
+        callbacks.BackupAndRestore` (`_files/backup`: chief-only, atomic
+        commits) with the same arguments, one per Keras callback.
         """
         model = getattr(callback, "model", None)
-        if model is None or not _worker_files.routes(model):
+        if model is None or not worker_files.routes(model):
             return None
         engine = _backup_engines.get(callback)
         if engine is None:
-            # `callbacks/` sits above `strategies/`; by the first event the
-            # package is fully imported.
-            from keras_replicator.callbacks.backup_and_restore import (
-                BackupAndRestore,
-            )
-
-            engine = BackupAndRestore(
+            engine = backup.AtomicBackupAndRestore(
                 callback.backup_dir,
                 save_freq=callback.save_freq,
                 double_checkpoint=callback.double_checkpoint,

@@ -8,10 +8,22 @@ weights drift (1.5e-3 after one epoch of 1001 samples on 4 replicas).
 Our strategies instead leave each replica's loss as the mean over its own samples and
 average the gradients weighted by each replica's sample count:
 ``g = sum_r(n_r * g_r) / sum_r(n_r)``, which is exactly the gradient of the mean loss
-over the global batch. The count travels from the step wrapper (which sees the batch)
-to the gradient all-reduce (which sees only gradients) through this thread-local
-stack: MirroredStrategy traces each replica in its own thread, so a thread-local value
-set at the start of a replica's step is the one its optimizer reads.
+over the global batch.
+
+The count travels from the step wrapper (which sees the batch) to the gradient
+all-reduce (which sees only gradients) with Keras in between: `model.train_step`
+(the user's or Keras'), `optimizer.apply_gradients` and Keras' all-reduce take no
+extra argument. So this is the one side channel of the step, documented here and
+kept in the strategy's `ReplicatorState.sample_counts` (`_replicator_state`): a
+stack of `SampleCount`s per replica, keyed by the replica's id in the sync group
+(static under every `MirroredStrategy`; a TPU step, whose id is a tensor, is traced
+in one thread and keys by it). The id rather than the thread: MirroredStrategy
+traces each replica in its own thread, and re-enters a replica from a `merge_call`
+in a new thread (Keras' `LossScaleOptimizer` applying its inner optimizer, the
+update branch of gradient accumulation), where the same replica must find its
+count. The channel is read once, where Keras hands control back to the library
+(`_hooks.KerasHooks`, `_accumulation`), and passed on as an argument
+(`communication/_reduction`, `sharding/_update`).
 
 Where the step asks the optimizer to scale its loss (`optimizer.scale_loss`, as
 Keras' own `train_step` does), the count multiplies the loss *before* differentiation
@@ -32,99 +44,69 @@ from collections.abc import Iterator
 import tensorflow as tf
 from keras import tree
 
-_local = threading.local()
-# The same declarations by replica id, for code that re-enters a replica from a
-# `merge_call` in a new thread (MirroredStrategy runs `call_for_each_replica` there,
-# e.g. Keras' LossScaleOptimizer applying its inner optimizer).
-_by_replica: dict[int, list] = {}
-_by_replica_lock = threading.Lock()
+from keras_replicator._replicator_state import SampleCount, replicator_state
 
 
-class _Declared:
-    """One replica step's sample count, and whether its loss already carries it."""
-
-    __slots__ = ("count", "loss_scaled")
-
-    def __init__(self, count, loss_scaled=False):
-        self.count = count
-        self.loss_scaled = loss_scaled
-
-
-def _innermost() -> _Declared | None:
-    stack = getattr(_local, "stack", None)
-    if stack:
-        return stack[-1]
-    replica = _replica_id()
-    with _by_replica_lock:
-        declared = _by_replica.get(replica) if replica is not None else None
-        return declared[-1] if declared else None
-
-
-def _replica_id() -> int | None:
+def _channel():
+    """`(the strategy's declarations, this replica's key)`; `(None, None)` off ours."""
+    state = replicator_state(tf.distribute.get_strategy())
+    if state is None:
+        return None, None
     context = tf.distribute.get_replica_context()
-    if context is None:
-        return None
-    replica = tf.get_static_value(context.replica_id_in_sync_group)
-    return None if replica is None else int(replica)
+    replica = None
+    if context is not None:
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+    key = ("thread", threading.get_ident()) if replica is None else int(replica)
+    return state, key
 
 
 @contextlib.contextmanager
 def counting_samples(count: tf.Tensor, loss_scaled: bool = False) -> Iterator[None]:
     """Declares that the enclosed replica computation trains on `count` samples.
 
-    With `loss_scaled`, its gradients already carry the count (an accumulation
+    Call in a replica context of one of our strategies (elsewhere: a no-op). With
+    `loss_scaled`, its gradients already carry the count (an accumulation
     cycle's weighted sum, `_accumulation`): the all-reduce only sums them.
     """
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    declared = _Declared(count, loss_scaled)
-    replica = _replica_id()
-    stack.append(declared)
-    if replica is not None:
-        with _by_replica_lock:
-            _by_replica.setdefault(replica, []).append(declared)
+    state, key = _channel()
+    if state is None:
+        yield
+        return
+    declared = SampleCount(count, loss_scaled)
+    with state.lock:
+        state.sample_counts.setdefault(key, []).append(declared)
     try:
         yield
     finally:
-        stack.pop()
-        if replica is not None:
-            with _by_replica_lock:
-                _by_replica[replica].remove(declared)
+        with state.lock:
+            stack = state.sample_counts[key]
+            stack.remove(declared)
+            if not stack:
+                del state.sample_counts[key]
 
 
-def current_sample_count() -> tf.Tensor | None:
-    """The innermost declared sample count of this replica, or None if unknown."""
-    declared = _innermost()
-    return None if declared is None else declared.count
+def declared() -> SampleCount | None:
+    """This replica step's innermost declaration, or None if none (the stock rule)."""
+    state, key = _channel()
+    if state is None:
+        return None
+    with state.lock:
+        stack = state.sample_counts.get(key)
+        return stack[-1] if stack else None
 
 
 def scale_loss_by_sample_count(loss):
     """Multiplies a replica's mean loss by its declared sample count, once.
 
-    Marks the step so the gradient all-reduce sums without weighting again. Without
-    a declared count (or when already scaled) returns `loss` unchanged.
+    Marks the step so the gradient all-reduce sums without weighting again
+    (`SampleCount.take_scaled_loss`). Without a declared count (or when already
+    scaled) returns `loss` unchanged.
     """
-    declared = _innermost()
-    if declared is None or declared.loss_scaled:
+    found = declared()
+    if found is None or found.loss_scaled:
         return loss
-    declared.loss_scaled = True
-    return loss * tf.cast(declared.count, loss.dtype)
-
-
-def take_scaled_loss() -> bool:
-    """True, once, if this replica step's loss already carries its sample count.
-
-    The first gradient all-reduce of the step consumes the mark. A second one (a
-    `LossScaleOptimizer` reduces, then its inner optimizer reduces again) sees
-    gradients that are already the global mean, equal on every replica; weighting
-    those by sample count leaves them unchanged, summing them would not.
-    """
-    declared = _innermost()
-    if declared is None or not declared.loss_scaled:
-        return False
-    declared.loss_scaled = False
-    return True
+    found.loss_scaled = True
+    return loss * tf.cast(found.count, loss.dtype)
 
 
 def batch_size_of(x) -> tf.Tensor:

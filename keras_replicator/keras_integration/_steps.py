@@ -33,6 +33,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_replicator import _compat
+from keras_replicator._replicator_state import replicator_state
 from keras_replicator.keras_integration import (
     _global_metrics,
     _loop,
@@ -116,7 +117,7 @@ def make_predict_function(model):
 
 def _replica_steps(model, step, counter=None):
     """`make(global_metrics)` -> the replica function around Keras' `step`."""
-    across_workers = model.distribute_strategy._kr_is_multi_worker()
+    across_workers = replicator_state(model.distribute_strategy).is_multi_worker
 
     def make(global_metrics: bool):
         def replica_step(data):
@@ -239,7 +240,7 @@ def _is_float(value) -> bool:
 
 def _concat_replicas(strategy, value):
     """All replicas' rows in global order (worker-major, then local replica order)."""
-    if not strategy._kr_is_multi_worker():
+    if not replicator_state(strategy).is_multi_worker:
         local = list(strategy.experimental_local_results(value))
         return tf.concat(local, axis=0) if local[0].shape.rank else tf.stack(local)
     rows = strategy.run(_gather_rows_in_replica, args=(value,))

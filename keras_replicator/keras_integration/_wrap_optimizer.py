@@ -4,17 +4,19 @@ TF-Replicator's `wrap_optimizer` let a step written with an ordinary per-replica
 loss train like one device at the global batch. Stock tf.distribute optimizers *sum*
 replica gradients instead (the loss is expected to be divided by the global batch),
 and so do ours in a plain `strategy.run` loop, so that code written for stock keeps
-its numbers (see `_gradients` for the whole rule). Wrapping marks the optimizer so its
-gradient all-reduce becomes the sample-weighted mean, under our strategies and stock
-ones alike; the optimizer object itself is returned, so it still saves, loads and
-passes `isinstance` checks.
+its numbers (see `communication/_reduction` for the whole rule). Wrapping marks the
+optimizer (in a weak registry, `_replicator_state.mark_averaging`: nothing is set on
+it) so its gradient all-reduce becomes the sample-weighted mean, under our strategies
+and stock ones alike; the optimizer object itself is returned, so it still saves,
+loads and passes `isinstance` checks.
 """
 
 from __future__ import annotations
 
 import keras
 
-from keras_replicator.keras_integration import _gradients, _hooks
+from keras_replicator import _replicator_state
+from keras_replicator.keras_integration import _hooks
 
 
 def wrap_optimizer(optimizer):
@@ -44,5 +46,5 @@ def wrap_optimizer(optimizer):
             f"optimizer={optimizer!r} of type {type(optimizer).__name__}."
         )
     _hooks.install()
-    _gradients.mark_averaging(optimizer)
+    _replicator_state.mark_averaging(optimizer)
     return optimizer

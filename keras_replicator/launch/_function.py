@@ -175,7 +175,7 @@ def _importable(function) -> bool:
     module = sys.modules.get(function.__module__)
     if function.__module__ == "__main__" or module is None:
         return False
-    target = module
+    target: object = module
     for part in function.__qualname__.split("."):
         target = getattr(target, part, None)
     return target is function

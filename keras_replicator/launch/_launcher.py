@@ -27,6 +27,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from keras_replicator.launch._cluster import plan_cluster
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
@@ -179,7 +180,7 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
             dataclasses.replace(spec, env={**spec.env, RESTART_COUNT_ENV: str(attempt)})
             for spec in plan.specs
         ]
-        runner_options = dict(
+        runner_options: dict[str, Any] = dict(
             timeout=remaining if remaining is None else max(remaining, 0.0),
             env=options.env,
             cwd=options.cwd,

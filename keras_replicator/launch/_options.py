@@ -41,7 +41,7 @@ class LaunchOptions:
     timeout: float | None = None
     host: str = "127.0.0.1"
     allow_remote: bool = False
-    ports: tuple[int, ...] | None = None
+    ports: Sequence[int] | None = None  # stored as a tuple
     port_base: int = DEFAULT_SLURM_PORT_BASE
     grace_seconds: float = 5.0
     echo: bool = True

@@ -135,6 +135,7 @@ class LaunchResult:
                 + _still_running_note(self.workers)
             )
         failure = self.first_failure
+        assert failure is not None  # neither all ok nor timed out: one failed
         when = "" if failure.seconds is None else f" after {failure.seconds:.1f} s"
         head = (
             f"{failure.name} exited with code "

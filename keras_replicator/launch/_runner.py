@@ -78,6 +78,8 @@ class WorkerSpec:
         if self.command and "--port" in self.command:
             port = self.command[self.command.index("--port") + 1]
             return ("--port", f"127.0.0.1:{port}")
+        if self.tf_config is None:
+            return None
         try:
             config = json.loads(self.tf_config)
             kind, index = config["task"]["type"], config["task"]["index"]
@@ -209,7 +211,9 @@ def run_group(
     deadline = None if timeout is None else started + timeout
     everything = list(services) + list(specs)
     processes: list[subprocess.Popen] = []
-    tails = [collections.deque(maxlen=_TAIL_LINES) for _ in everything]
+    tails: list[collections.deque[str]] = [
+        collections.deque(maxlen=_TAIL_LINES) for _ in everything
+    ]
     exits: list[float | None] = [None] * len(everything)
     stopped: set[int] = set()
     readers = []

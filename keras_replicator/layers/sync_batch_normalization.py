@@ -44,7 +44,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     Example:
     >>> import keras, keras_replicator as kr
     >>> layer = kr.layers.SyncBatchNormalization(group_size=2)
-    >>> layer(keras.ops.ones((4, 3)), training=True).shape
+    >>> tuple(layer(keras.ops.ones((4, 3)), training=True).shape)
     (4, 3)
 
     References:

@@ -8,21 +8,21 @@ the whole model.
 
 Design decisions:
 
-- **Displaced weights.** Algorithm 2 stores `w + mu * m` (the point where the next
-  gradient is taken), which is why it is Nesterov momentum when the regularizers are
-  off. The model therefore holds displaced weights during training. The true weights
-  are `w - mu * m` (the paper's `return w_T - mu(T) m_T`): `use_true_weights()` moves
-  the model to them in place and marks the optimizer "not displaced" (a saved
-  flag); `use_displaced_weights()` moves back. Keras' `fit` ends with
-  `finalize_variable_values`, which moves to the true weights, so `fit` ends (and
-  `model.save` after `fit` stores) true weights. Every `fit` moves back to the
-  displaced weights before its first step (Keras calls nothing on the optimizer
-  there: `use_true_weights.install_fit_hook`, through `_compat/train_begin.py`),
-  so a continued, loaded or restored run takes its gradients where the
-  uninterrupted one did; the `UseTrueWeights` callback moves around evaluations
-  inside `fit`. A round trip costs one rounding per element, no extra copy. A
-  step that still finds true weights (a custom loop) re-applies the displacement
-  itself, after its gradient was taken at the true weights.
+- **Displaced weights** (`_displaced_weights.py`). Algorithm 2 stores `w + mu * m`
+  (the point where the next gradient is taken), which is why it is Nesterov momentum
+  when the regularizers are off. The model therefore holds displaced weights during
+  training. The true weights are `w - mu * m` (the paper's `return w_T - mu(T)
+  m_T`): `use_true_weights()` moves the model to them in place and marks the
+  optimizer "not displaced" (a saved flag); `use_displaced_weights()` moves back.
+  Keras' `fit` ends with `finalize_variable_values`, which moves to the true
+  weights, so `fit` ends (and `model.save` after `fit` stores) true weights. Every
+  `fit` moves back to the displaced weights before its first step (Keras calls
+  nothing on the optimizer there: `use_true_weights.install_fit_hook`, through
+  `_compat/train_begin.py`), so a continued, loaded or restored run takes its
+  gradients where the uninterrupted one did; the `UseTrueWeights` callback moves
+  around evaluations inside `fit`. A round trip costs one rounding per element, no
+  extra copy. A step that still finds true weights (a custom loop) re-applies the
+  displacement itself, after its gradient was taken at the true weights.
 - **Step counting.** `t` counts optimizer updates (Keras' `iterations`, so with
   `gradient_accumulation_steps` one update per accumulation cycle), from the end of
   the burn-in. The paper counts the momentum schedule in epochs: `mu_steps` updates
@@ -32,12 +32,15 @@ Design decisions:
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.optimizers import _arguments, _neumann_steps, use_true_weights
+from keras_replicator.optimizers import _arguments, use_true_weights
+from keras_replicator.optimizers._displaced_weights import DisplacedWeights
 from keras_replicator.optimizers._whole_list import WholeListOptimizer, _raw
 
 REGULARIZER_NORMS = ("variable", "global")
@@ -45,7 +48,7 @@ RESET_MODES = ("zero", "gradient")
 
 
 @keras.saving.register_keras_serializable(package="keras_replicator")
-class Neumann(WholeListOptimizer):
+class Neumann(DisplacedWeights, WholeListOptimizer):
     """The Neumann optimizer: an implicit inverse-Hessian step at Adam's cost.
 
     Krishnan et al. approximate the Newton step of each mini-batch with a Neumann
@@ -212,83 +215,6 @@ class Neumann(WholeListOptimizer):
         )
         self._last_reset = scalar("neumann_last_reset", "int64", 0)
 
-    @property
-    def displaced(self) -> bool:
-        """Whether the model holds the displaced weights `w + mu * m` right now."""
-        return self.built and float(self._displaced.numpy()) != 0.0
-
-    @property
-    def current_mu(self) -> float:
-        """The momentum `mu` of the last update (0 before the first one)."""
-        return float(self._mu.numpy()) if self.built else 0.0
-
-    def true_weights(self, var_list=None) -> list[np.ndarray]:
-        """The true weights `w - mu * m` as NumPy arrays; nothing is changed.
-
-        Args:
-            var_list: Variables to read (a subset of those the optimizer was built
-                with). Defaults to `None`: all of them.
-        """
-        pairs = self._pairs(var_list)
-        mu = float(self._mu.numpy()) if self.displaced else 0.0
-        result = []
-        for variable, iterate in pairs:
-            value = keras.ops.convert_to_numpy(variable)
-            if iterate is not None and mu:
-                value = value - np.asarray(
-                    mu, value.dtype
-                ) * keras.ops.convert_to_numpy(iterate)
-            result.append(value)
-        return result
-
-    def use_true_weights(self) -> None:
-        """Moves the model to the true weights in place (no-op if already there).
-
-        Call it in the cross-replica context (outside `strategy.run`), e.g. before
-        evaluating or saving. The next gradient must be taken at the displaced
-        weights: `fit` moves back before its first step; a custom loop calls
-        `use_displaced_weights()` (otherwise the next update re-applies the
-        displacement itself, after a gradient taken at the true weights).
-        """
-        self._move(to_true=True)
-
-    def use_displaced_weights(self) -> None:
-        """Moves the model back to the displaced weights `w + mu * m` (no-op if
-        already there): exactly where training stood, up to one rounding."""
-        self._move(to_true=False)
-
-    def _move(self, to_true: bool) -> None:
-        if not self.built or self.displaced != to_true:
-            return
-        strategy = _compat.optimizer.optimizer_strategy(self)
-        with strategy.scope():
-            for variable, iterate in self._pairs(None):
-                if iterate is None:
-                    continue
-                strategy.extended.update(
-                    _raw(variable),
-                    _neumann_steps.undisplace if to_true else _neumann_steps.displace,
-                    args=(_raw(iterate), _raw(self._mu)),
-                    group=False,
-                )
-            self._displaced.assign(0.0 if to_true else 1.0)
-
-    def finalize_variable_values(self, var_list):
-        """Ends training (Keras' `fit` calls it) with the true weights."""
-        self.use_true_weights()
-        super().finalize_variable_values(var_list)
-
-    def _pairs(self, var_list):
-        if not self.built:
-            raise ValueError(
-                "The optimizer is not built yet: there are no weights to read. "
-                "Call `optimizer.build(model.trainable_variables)` or train first."
-            )
-        if var_list is None:
-            var_list = _compat.optimizer.trainable_variables_of(self)
-        index = [_compat.optimizer_variable_index(self, v) for v in var_list]
-        return [(v, self._iterates[i]) for v, i in zip(var_list, index)]
-
     def _new_values(self, grads, variables, learning_rate):
         index = [_compat.optimizer_variable_index(self, v) for v in variables]
         iterates = [self._iterates[i] for i in index]
@@ -357,7 +283,7 @@ class Neumann(WholeListOptimizer):
         mu = 1.0 - 1.0 / (1.0 + tf.cast(schedule_t, "float64") / self.mu_steps)
         mu = tf.clip_by_value(mu, self.mu_min, self.mu_max)
 
-        coefficients = _neumann_steps.regularizer_coefficients(
+        coefficients = regularizer_coefficients(
             [w - vi for w, vi in zip(weights, v)],
             self.alpha,
             self.beta,
@@ -395,3 +321,19 @@ class Neumann(WholeListOptimizer):
             }
         )
         return config
+
+
+def regularizer_coefficients(differences, alpha, beta, norm):
+    """`alpha * rho - beta * n / rho**3` per variable (0 where `rho == 0`)."""
+    squares = [tf.cast(tf.reduce_sum(tf.square(r)), "float64") for r in differences]
+    sizes = [float(np.prod(r.shape)) for r in differences]
+    if norm == "global":
+        squares = [tf.add_n(squares)] * len(differences)
+        sizes = [math.fsum(sizes)] * len(differences)
+    coefficients = []
+    for square, size in zip(squares, sizes):
+        positive = square > 0
+        rho = tf.sqrt(tf.where(positive, square, tf.ones_like(square)))
+        value = alpha * rho - beta * size / (rho * rho * rho)
+        coefficients.append(tf.where(positive, value, tf.zeros_like(value)))
+    return coefficients

@@ -36,6 +36,7 @@ import time
 import tensorflow as tf
 
 from keras_replicator import _compat
+from keras_replicator._replicator_state import replicator_state
 
 
 class Faults:
@@ -257,7 +258,8 @@ def unresponsive_tasks(strategy, seconds: float = PROBE_SECONDS) -> list[str]:
     Returns:
         Task names that did not answer, e.g. `["ps 0"]`.
     """
-    resolver = getattr(strategy, "_kr_resolver", None) or strategy.cluster_resolver
+    state = replicator_state(strategy)
+    resolver = state.resolver if state is not None else strategy.cluster_resolver
     cluster = resolver.cluster_spec().as_dict()
     answered = {}
 

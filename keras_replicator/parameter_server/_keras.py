@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from keras_replicator import _compat
+from keras_replicator._replicator_state import replicator_state
 from keras_replicator.parameter_server import _training
 from keras_replicator.parameter_server._marker import is_parameter_server
 
@@ -40,8 +41,8 @@ def install() -> None:
 
 
 def _sharded_message(variable, parts: int) -> str:
-    partitioner = getattr(tf.distribute.get_strategy(), "_kr_partitioner", None)
-    partitioner = type(partitioner).__name__
+    state = replicator_state(tf.distribute.get_strategy())
+    partitioner = type(state.partitioner if state is not None else None).__name__
     return (
         "`variable_partitioner` cannot shard Keras 3 variables: Keras computes "
         "gradients through a variable's single resource handle, which a sharded "

@@ -1,15 +1,17 @@
 """How the library recognises a `ParameterServerReplicator` without importing it.
 
-`strategies/parameter_server.py` sets the marker; `_keras.py` reads it to decide which
-models to route. Reading an attribute instead of an `isinstance` check keeps this
-package below `strategies/` (no import cycle).
+`strategies/parameter_server.py` registers its `ReplicatorState` with
+`is_parameter_server=True` (`keras_replicator._replicator_state`); `_keras.py` asks
+it to decide which models to route. Asking the state instead of an `isinstance`
+check keeps this package below `strategies/` (no import cycle).
 """
 
 from __future__ import annotations
 
-PS_MARKER = "_kr_is_parameter_server"
+from keras_replicator._replicator_state import replicator_state
 
 
 def is_parameter_server(strategy) -> bool:
     """Whether `strategy` is a `ParameterServerReplicator`."""
-    return getattr(strategy, PS_MARKER, False)
+    state = replicator_state(strategy)
+    return state is not None and state.is_parameter_server

@@ -41,7 +41,15 @@ _GRPC_MARKERS = ("Unable to parse request", "grpc_status", "GRPC error")
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether `error` is a gRPC failure worth running a forward pass again for."""
+    """Whether `error` is a gRPC failure worth running a forward pass again for.
+
+    Example:
+    >>> import tensorflow as tf
+    >>> is_transient(tf.errors.InternalError(None, None, "Unable to parse request"))
+    True
+    >>> is_transient(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes"))
+    False
+    """
     text = str(error)
     return isinstance(error, _TRANSIENT_TYPES) and any(
         marker in text for marker in _GRPC_MARKERS

@@ -15,6 +15,7 @@ import inspect
 
 import tensorflow as tf
 
+from keras_replicator._replicator_state import replicator_state
 from keras_replicator.parameter_server import _faults
 
 
@@ -44,7 +45,7 @@ def run_steps(strategy, step_fn, inputs, *, num_steps=1):
             "`num_steps` must be a positive integer. "
             f"Received: num_steps={num_steps!r}."
         )
-    cache = strategy.__dict__.setdefault("_kr_ps_step_functions", {})
+    cache = replicator_state(strategy).step_functions
     key = (step_fn, num_steps)
     if key not in cache:
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -85,7 +85,8 @@ def scaled_learning_rate(
             )
     else:
         _check_positive("per_replica_batch_size", per_replica_batch_size, int)
-        global_batch_size = int(per_replica_batch_size) * _replicas(strategy)
+        per_replica = cast(int, per_replica_batch_size)  # checked above: not None
+        global_batch_size = int(per_replica) * _replicas(strategy)
     return float(base_learning_rate) * (int(global_batch_size) / int(base_batch_size))
 
 

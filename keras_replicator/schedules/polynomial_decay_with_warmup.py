@@ -56,6 +56,11 @@ class PolynomialDecayWithWarmup(Warmup):
           1 Hour](https://arxiv.org/abs/1706.02677)
     """
 
+    peak_learning_rate: float
+    decay_steps: int
+    end_learning_rate: float
+    power: float
+
     def __init__(
         self,
         peak_learning_rate: float,
@@ -65,7 +70,7 @@ class PolynomialDecayWithWarmup(Warmup):
         power: float = 2.0,
         start_learning_rate: float = 0.0,
         name: str = "PolynomialDecayWithWarmup",
-    ):
+    ) -> None:
         if not _is_number(peak_learning_rate) or peak_learning_rate <= 0:
             raise ValueError(
                 "`peak_learning_rate` must be a float > 0. Received: "

@@ -12,8 +12,7 @@ import numbers
 
 import keras
 from keras import ops
-
-LearningRateSchedule = keras.optimizers.schedules.LearningRateSchedule
+from keras.optimizers.schedules import LearningRateSchedule
 
 
 @keras.saving.register_keras_serializable(package="keras_replicator")
@@ -70,6 +69,13 @@ class Warmup(LearningRateSchedule):
           1 Hour](https://arxiv.org/abs/1706.02677)
     """
 
+    schedule: LearningRateSchedule | float
+    warmup_steps: int
+    start_learning_rate: float
+    warmup_power: float
+    delay_schedule: bool
+    name: str
+
     def __init__(
         self,
         schedule: LearningRateSchedule | float,
@@ -78,7 +84,7 @@ class Warmup(LearningRateSchedule):
         warmup_power: float = 1.0,
         delay_schedule: bool = True,
         name: str = "Warmup",
-    ):
+    ) -> None:
         super().__init__()
         if _is_number(schedule):
             schedule = float(schedule)

@@ -10,7 +10,7 @@ Loading into a sharded optimizer cuts each whole slot into the pieces this
 strategy's replicas own.
 
 Gathering is a collective over all replicas, so every worker must save (as
-`keras_integration/_worker_files` has every worker save, the chief publishing).
+`_files/worker_files` has every worker save, the chief publishing).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.communication import _all_reduce
+from keras_replicator.communication import _transport
 from keras_replicator.sharding import _slots, _support
 
 
@@ -124,11 +124,10 @@ def _all_local(strategy) -> bool:
 def _ring(strategy):
     if len(strategy.extended.worker_devices) != 1:
         return None
-    if _all_reduce.options_of(strategy).transport != "socket":
-        return None
-    # The ring's rank is this worker's replica id (`_ring_setup.share`), so
-    # its gathered rows are in replica order.
-    return getattr(strategy, _all_reduce.RING_ATTRIBUTE, None)
+    # The ring's rank is this worker's replica id (`ring/_setup.share`), so
+    # its gathered rows are in replica order. Called eagerly on numpy arrays,
+    # outside any replica context: the ring itself, not a `Transport`.
+    return _transport.ring_of(strategy)
 
 
 def _scatter(optimizer, pairs) -> None:

@@ -3,13 +3,15 @@
 It replaces the body of Keras' TensorFlow `_backend_update_step` (the all-reduce,
 then one `update_step` per variable) when the strategy shards the weight update;
 everything Keras does around it (clipping, weight decay, loss-scale unscaling,
-gradient accumulation, EMA, the step counter) is unchanged. Per bucket of
-same-dtype gradients (the strategy's `bucket_mb`, in reverse layer order, as
-for the all-reduce):
+gradient accumulation, EMA, the step counter) is unchanged. It asks
+`communication/` for three things only: the reduction rule (`_reduction`: this
+replica's share of the sum, the sample-weighted mean's weights or the stock
+sum), the bucket plan (`_buckets.plan_by_dtype`: the strategy's `bucket_mb`, in
+reverse layer order, as for the all-reduce) and the transport (`_transport`).
+Per bucket of same-dtype gradients:
 
-1. this replica's share of the reduction (`_gradients.prepare_sum`: the
-   sample-weighted mean's weights, or the stock sum) is packed into the
-   `[N, C]` piece matrix (`_layout`), the sample count riding in every row;
+1. this replica's share is packed into the `[N, C]` piece matrix (`_layout`),
+   the sample count riding in every row;
 2. `_exchange.reduce_scatter` leaves row `r` of the sum on replica `r`;
 3. for each variable, the replica's piece of the weights is loaded into its
    piece variable, and the optimizer's own `update_step` runs on it with the
@@ -29,8 +31,13 @@ import keras
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.communication import _all_reduce, _buckets, _gradient_form
-from keras_replicator.keras_integration import _gradients
+from keras_replicator.communication import (
+    _all_reduce,
+    _buckets,
+    _gradient_form,
+    _reduction,
+    _transport,
+)
 from keras_replicator.sharding import (
     _exchange,
     _layout,
@@ -39,9 +46,22 @@ from keras_replicator.sharding import (
     _support,
 )
 
+_MB = 1e6
 
-def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
-    """Keras' `_backend_update_step`, sharded over the replicas (replica context)."""
+
+def sharded_update_step(
+    optimizer, grads, trainable_variables, learning_rate, declared=None
+):
+    """Keras' `_backend_update_step`, sharded over the replicas (replica context).
+
+    Args:
+        optimizer: The Keras optimizer (a `LossScaleOptimizer`'s inner one runs).
+        grads: This replica's gradients, one per variable.
+        trainable_variables: The variables, in `grads`' order.
+        learning_rate: The step's learning rate.
+        declared: The replica step's declared sample count
+            (`_replicator_state.SampleCount`), or None. Defaults to `None`.
+    """
     context = tf.distribute.get_replica_context()
     strategy = _compat.optimizer.optimizer_strategy(optimizer)
     if context is None or tf.distribute.in_cross_replica_context():
@@ -56,58 +76,55 @@ def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
     variables = list(trainable_variables)
     # A piece of an IndexedSlices gradient has no meaning (its rows may repeat).
     grads = [_gradient_form.dense_like(g, v) for g, v in zip(grads, variables)]
-    average = _gradients.averages(optimizer, _compat.is_replicator(strategy))
-    grads, exact = _gradients.prepare_sum(grads, average)
+    average = _reduction.averages(optimizer, _compat.is_replicator(strategy), declared)
+    grads, exact = _reduction.prepare_sum(grads, average, declared)
+    options = _all_reduce.options_of(context.strategy)
+    transport = _transport.transport_for(context.strategy, options, context)
+    buckets = _buckets.plan_by_dtype(grads, options.resolved_bucket_mb() * _MB)
+    total = None
+    carriers = _buckets.EXACT_CARRIERS
+    if exact and not any(grads[b[0]].dtype in carriers for b in buckets):
+        # No bucket can carry the counts exactly: they travel first, alone.
+        (total,) = context.all_reduce(tf.distribute.ReduceOp.SUM, exact)
+    rule = _norm_rules.rule_for(_support.updating_optimizer(optimizer))
+    replica = context.replica_id_in_sync_group
+    num_replicas = context.num_replicas_in_sync
     pieces = _slots.piece_variables(optimizer, variables, strategy)
+    targets, values = [], []
     with _slots.aliased(optimizer, pieces, variables):
-        targets, values = _update_buckets(
-            optimizer, context, grads, exact, variables, pieces, learning_rate
-        )
+        for bucket in buckets:
+            carry = exact if total is None else []
+            layout = _layout.Layout([variables[i].shape for i in bucket], num_replicas)
+            summed, summed_exact = _exchange.reduce_scatter(
+                transport,
+                options.compression,
+                layout,
+                [grads[i] for i in bucket],
+                carry,
+                replica,
+            )
+            if carry:
+                total = summed_exact[0]
+            if exact:
+                summed = _reduction.finish_sum(summed, total)
+            for j, i in enumerate(bucket):
+                pieces[i].assign(layout.piece_of(_read(variables[i]), j, replica))
+            if rule is None:
+                for i, gradient in zip(bucket, summed):
+                    optimizer.update_step(gradient, pieces[i], learning_rate)
+            else:
+                _two_half_updates(
+                    rule, transport, [pieces[i] for i in bucket], summed, learning_rate
+                )
+            updated = [pieces[i].read_value() for i in bucket]
+            gathered = _exchange.all_gather(transport, tf.concat(updated, axis=0))
+            for i, value in zip(bucket, layout.unpack(gathered)):
+                targets.append(_raw(variables[i]))
+                values.append(value)
     _compat.strategy.assign_in_every_replica(strategy, targets, values)
 
 
-def _update_buckets(optimizer, context, grads, exact, variables, pieces, lr):
-    """Reduce-scatters, updates and all-gathers bucket by bucket.
-
-    Returns:
-        `(targets, values)`: the whole variables and their new values.
-    """
-    strategy = context.strategy
-    num_replicas = strategy.num_replicas_in_sync
-    replica = context.replica_id_in_sync_group
-    rule = _norm_rules.rule_for(_support.updating_optimizer(optimizer))
-    options = _all_reduce.options_of(strategy)
-    buckets = _plan(grads, options.resolved_bucket_mb() * _MB)
-    total = None
-    if exact and not any(grads[b[0]].dtype in _EXACT_CARRIERS for b in buckets):
-        (total,) = context.all_reduce(tf.distribute.ReduceOp.SUM, exact)
-    targets, values = [], []
-    for bucket in buckets:
-        carry = exact if total is None else []
-        layout = _layout.Layout([variables[i].shape for i in bucket], num_replicas)
-        summed, summed_exact = _exchange.reduce_scatter(
-            layout, [grads[i] for i in bucket], carry, replica
-        )
-        if carry:
-            total = summed_exact[0]
-        if exact:
-            summed = _gradients.finish_sum(summed, total)
-        for j, i in enumerate(bucket):
-            pieces[i].assign(layout.piece_of(_read(variables[i]), j, replica))
-        if rule is None:
-            for i, gradient in zip(bucket, summed):
-                optimizer.update_step(gradient, pieces[i], lr)
-        else:
-            _two_half_updates(rule, [pieces[i] for i in bucket], summed, lr)
-        updated = [pieces[i].read_value() for i in bucket]
-        gathered = _exchange.all_gather(tf.concat(updated, axis=0))
-        for i, value in zip(bucket, layout.unpack(gathered)):
-            targets.append(_raw(variables[i]))
-            values.append(value)
-    return targets, values
-
-
-def _two_half_updates(rule, pieces, gradients, learning_rate) -> None:
+def _two_half_updates(rule, transport, pieces, gradients, learning_rate) -> None:
     """A bucket's steps of a norm optimizer: halves around one all-reduce."""
     partial = [rule.partial(g, piece) for g, piece in zip(gradients, pieces)]
     squares = [tf.convert_to_tensor(s) for s, _ in partial]
@@ -115,31 +132,12 @@ def _two_half_updates(rule, pieces, gradients, learning_rate) -> None:
     wide = tf.float64
     if isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy):
         wide = tf.float32
-    total = _exchange.sum_small(tf.stack([tf.cast(s, wide) for s in squares]))
+    total = _exchange.sum_small(
+        transport, tf.stack([tf.cast(s, wide) for s in squares])
+    )
     for k, (g, piece) in enumerate(zip(gradients, pieces)):
         summed = tf.cast(total[k], squares[k].dtype)
         rule.finish(g, piece, learning_rate, summed, partial[k][1])
-
-
-# Buckets of these dtypes carry the exact float32 sample counts (as in
-# `communication._all_reduce`); a 16-bit bucket would round counts above 2048.
-_EXACT_CARRIERS = (tf.float32, tf.float64)
-_MB = 1e6
-
-
-def _plan(grads, bucket_bytes) -> list[list[int]]:
-    """Buckets of same-dtype gradient indices; float32 / float64 first."""
-    groups: dict = {}
-    for i, g in enumerate(grads):
-        groups.setdefault(g.dtype, []).append(i)
-    order = sorted(groups, key=lambda d: d not in _EXACT_CARRIERS)
-    buckets = []
-    for dtype in order:
-        indices = groups[dtype]
-        sizes = [_buckets.num_bytes(grads[i]) for i in indices]
-        for bucket in _buckets.plan(sizes, bucket_bytes):
-            buckets.append([indices[j] for j in bucket])
-    return buckets
 
 
 def _raw(variable):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_replicator import _compat
 from keras_replicator._arguments import check_int
 from keras_replicator.spatial import _clone, _images, _saving
 
@@ -230,7 +231,7 @@ def partition(
         )
     strategy = strategy or tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
-    if not getattr(strategy, "_kr_is_replicator", False) and replicas > 1:
+    if not _compat.is_replicator(strategy) and replicas > 1:
         raise TypeError(
             "`strategy` must be a keras_replicator strategy. Received: "
             f"{type(strategy).__name__}. Use e.g. `kr.MultiDeviceReplicator`."

@@ -56,7 +56,7 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
 
     Example:
     >>> import keras_replicator as kr
-    >>> strategy = kr.auto(num_replicas=2, verbose=False)  # doctest: +SKIP
+    >>> strategy = kr.auto(num_replicas=2, verbose=False)
     """
     if num_replicas is None and os.environ.get("KERAS_REPLICATOR_NUM_REPLICAS"):
         raw = os.environ["KERAS_REPLICATOR_NUM_REPLICAS"]

@@ -72,7 +72,7 @@ def split_cpu(num_devices: int) -> None:
 
     Example:
     >>> import keras_replicator as kr
-    >>> kr.split_cpu(4)  # doctest: +SKIP
+    >>> kr.split_cpu(4)
     """
     validate_num_replicas(num_devices)
     _split_cpu(num_devices)

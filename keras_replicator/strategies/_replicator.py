@@ -2,13 +2,14 @@
 
 The strategies subclass the stock ones (so Keras' own ``isinstance`` checks hold) and
 mix this in: it installs the Keras integration fixes (``_hooks.install``),
-gives each instance its own collective keys, and answers the few questions our Keras
-step builders ask of a strategy.
+gives each instance its own collective keys, and registers the instance's
+`ReplicatorState` (`keras_replicator._replicator_state`): options, transport, flags and
+caches live there, read with `replicator_state(strategy)`, never as attributes.
 """
 
 from __future__ import annotations
 
-from keras_replicator import _compat
+from keras_replicator import _compat, _replicator_state
 from keras_replicator.communication import _all_reduce
 from keras_replicator.keras_integration import _hooks
 from keras_replicator.strategies import _step_api
@@ -17,16 +18,18 @@ from keras_replicator.strategies import _step_api
 class ReplicatorMixin:
     """Shared behaviour of `MultiDeviceReplicator`, `MultiWorkerReplicator`, ..."""
 
+    # What `_compat.is_replicator` (a leaf, which cannot ask `_replicator_state`)
+    # reads: declared by the class, never set on an instance.
     _kr_is_replicator = True
 
-    def _kr_prepare(self) -> None:
-        """Call before the stock constructor: per-instance collective keys."""
+    def _register_state(self) -> _replicator_state.ReplicatorState:
+        """Call before the stock constructor: per-instance collective keys and the
+        strategy's (still empty) state, which the constructor then fills."""
         _hooks.install()
-        # Read by the stock Extended constructor through the container strategy.
+        # TensorFlow's own knob, read by the stock Extended constructor through the
+        # container strategy (`_compat.next_collective_key_base`).
         self._collective_key_base = _compat.next_collective_key_base()
-
-    def _kr_is_multi_worker(self) -> bool:
-        return _compat.in_multi_worker_mode(self)
+        return _replicator_state.register(self)
 
     def distribute_input(self, input_fn):
         """Distributes `input_fn(input_context)`'s per-replica batches.

@@ -5,7 +5,7 @@ replica, sharded by worker) and `step_fn(batch)` as for one replica, calling
 `keras_replicator.replica` collectives where replicas must talk. The strategy runs
 `step_fn` on every replica in a compiled loop; each replica declares its sample
 count, so Keras optimizers average gradients exactly as one device would at the
-global batch (see `_gradients`).
+global batch (see `communication/_reduction`).
 
 The methods are named `distribute_input` and `run_steps` so they do not clash with
 `tf.distribute.Strategy.run`, which keeps its stock meaning.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 from keras import tree
 
+from keras_replicator._replicator_state import replicator_state
 from keras_replicator.keras_integration import _loop, _sample_count
 
 _REDUCTIONS = (None, "mean", "sum", "concat", "first")
@@ -50,7 +51,7 @@ def run_steps(strategy, step_fn, inputs, *, num_steps=1, reduce=None):
             "the last one stopped. Received: a distributed dataset. Pass "
             "`iter(strategy.distribute_input(input_fn))`."
         )
-    cache = strategy.__dict__.setdefault("_kr_step_functions", {})
+    cache = replicator_state(strategy).step_functions
     key = (step_fn, num_steps, reduce)
     if key not in cache:
         cache[key] = _compile(strategy, step_fn, num_steps, reduce)

@@ -6,7 +6,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from keras_replicator.communication import _all_reduce
+from keras_replicator import _compat
 from keras_replicator.communication import options as _options
 from keras_replicator.strategies import _devices
 from keras_replicator.strategies._replicator import ReplicatorMixin
@@ -67,10 +67,7 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
                 f"given. Received: num_replicas={num_replicas}, devices={devices}. "
                 "Pass only one of them."
             )
-        self._kr_prepare()
+        state = self._register_state()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
-        setattr(
-            self,
-            _all_reduce.OPTIONS_ATTRIBUTE,
-            dataclasses.replace(options, transport="collective"),
-        )
+        state.options = dataclasses.replace(options, transport="collective")
+        state.is_multi_worker = _compat.in_multi_worker_mode(self)

@@ -8,8 +8,8 @@ import os
 import tensorflow as tf
 
 from keras_replicator import _compat, _tf_config
-from keras_replicator.communication import _all_reduce, _socket_ring
 from keras_replicator.communication import options as _options
+from keras_replicator.communication.ring import _socket_ring
 from keras_replicator.strategies import _leave_together
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
@@ -65,7 +65,9 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
 
     Example:
     >>> import keras_replicator as kr
-    >>> strategy = kr.MultiWorkerReplicator()  # doctest: +SKIP
+    >>> strategy = kr.MultiWorkerReplicator()  # no TF_CONFIG: one worker
+    >>> strategy.num_replicas_in_sync
+    1
     """
 
     def __init__(
@@ -94,13 +96,14 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                 timeout_seconds=collective_timeout,
                 implementation=communication_options.implementation,
             )
-        self._kr_prepare()
+        state = self._register_state()
         super().__init__(
             cluster_resolver=cluster_resolver,
             communication_options=communication_options,
         )
-        setattr(self, _all_reduce.TIMEOUT_ATTRIBUTE, collective_timeout)
-        if _compat.in_multi_worker_mode(self):
+        state.collective_timeout = collective_timeout
+        state.is_multi_worker = _compat.in_multi_worker_mode(self)
+        if state.is_multi_worker:
             _leave_together.register(collective_timeout)
         ring, bucket = None, int(options.resolved_bucket_mb() * 1e6)
         if options.transport == "socket":
@@ -113,26 +116,22 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             ring = _socket_ring.SocketRing.connect(
                 self, timeout=collective_timeout, bucket_bytes=bucket
             )
-        elif options.transport is None and self._kr_ring_fits(options):
+        elif options.transport is None and _ring_fits(self, options):
             ring = _socket_ring.SocketRing.connect(
                 self, timeout=collective_timeout, required=False, bucket_bytes=bucket
             )
-        if ring is not None:
-            setattr(self, _all_reduce.RING_ATTRIBUTE, ring)
+        state.transport = ring
         transport = "collective" if ring is None else "socket"
-        setattr(
-            self,
-            _all_reduce.OPTIONS_ATTRIBUTE,
-            dataclasses.replace(options, transport=transport),
-        )
+        state.options = dataclasses.replace(options, transport=transport)
 
-    def _kr_ring_fits(self, options) -> bool:
-        """Whether the default transport is the socket ring: several CPU workers,
-        one replica each, no hierarchy (the measured case, docs/communication.md)."""
-        devices = self.extended.worker_devices
-        return (
-            options.hierarchy is None
-            and len(devices) == 1
-            and "CPU" in devices[0].upper()
-            and self.num_replicas_in_sync > 1
-        )
+
+def _ring_fits(strategy, options) -> bool:
+    """Whether the default transport is the socket ring: several CPU workers,
+    one replica each, no hierarchy (the measured case, docs/communication.md)."""
+    devices = strategy.extended.worker_devices
+    return (
+        options.hierarchy is None
+        and len(devices) == 1
+        and "CPU" in devices[0].upper()
+        and strategy.num_replicas_in_sync > 1
+    )

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_replicator import _tf_config
+from keras_replicator import _replicator_state, _tf_config
 from keras_replicator.parameter_server import _serving
-from keras_replicator.parameter_server._marker import PS_MARKER
 from keras_replicator.strategies import _cluster_config
 
 
@@ -57,11 +56,15 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
         if cluster_resolver.task_type in _serving.SERVING_TASKS:
             _serving.serve_forever(cluster_resolver)
         super().__init__(cluster_resolver, variable_partitioner=variable_partitioner)
-        setattr(self, PS_MARKER, True)
-        self._kr_partitioner = variable_partitioner
-        self._kr_resolver = cluster_resolver
+        _replicator_state.register(
+            self,
+            _replicator_state.ReplicatorState(
+                is_parameter_server=True,
+                partitioner=variable_partitioner,
+                resolver=cluster_resolver,
+            ),
+        )
         self.lost_steps = 0
-        self._kr_coordinator = None
         from keras_replicator.parameter_server import _keras
 
         _keras.install()
@@ -69,16 +72,18 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
     @property
     def coordinator(self):
         """The `ClusterCoordinator` that schedules work on the workers (one per job)."""
-        if self._kr_coordinator is None:
-            self._kr_coordinator = (
+        state = _replicator_state.own_state(self)
+        if state.coordinator is None:
+            state.coordinator = (
                 tf.distribute.experimental.coordinator.ClusterCoordinator(self)
             )
-        return self._kr_coordinator
+        return state.coordinator
 
     @property
     def num_workers(self) -> int:
         """How many worker tasks execute the scheduled steps."""
-        return len(self._kr_resolver.cluster_spec().as_dict().get("worker", []))
+        resolver = _replicator_state.own_state(self).resolver
+        return len(resolver.cluster_spec().as_dict().get("worker", []))
 
     def distribute_input(self, input_fn):
         """`input_fn(input_context)` → a per-worker dataset (one pipeline per worker).

@@ -7,7 +7,6 @@ import os
 
 import tensorflow as tf
 
-from keras_replicator.communication import _all_reduce
 from keras_replicator.communication import options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
@@ -102,16 +101,11 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
                 f"Received: hierarchy={options.hierarchy!r}."
             )
         resolver = connect_tpu(tpu)
-        self._kr_prepare()
+        state = self._register_state()
         super().__init__(
             tpu_cluster_resolver=resolver,
             experimental_device_assignment=experimental_device_assignment,
         )
-        setattr(
-            self,
-            _all_reduce.OPTIONS_ATTRIBUTE,
-            dataclasses.replace(options, transport="collective"),
-        )
-
-    def _kr_is_multi_worker(self) -> bool:
-        return False
+        state.options = dataclasses.replace(options, transport="collective")
+        # A pod's hosts are one program to Keras' steps: no cross-worker logs.
+        state.is_multi_worker = False

@@ -78,8 +78,8 @@ def run_conformance(
 
     Example:
     >>> from keras_replicator.testing import run_conformance
-    >>> rows = run_conformance(["multi-device-2"], ["fit_numpy"])  # doctest: +SKIP
-    >>> rows[0].passed  # doctest: +SKIP
+    >>> rows = run_conformance(["multi-device-2"], ["fit_numpy"])
+    >>> rows[0].passed
     True
     """
     factory_names = list(factories or FACTORIES)

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_replicator._files import backup as engine
 from keras_replicator.callbacks import BackupAndRestore
 from keras_replicator.callbacks import backup_and_restore as module
 from keras_replicator.testing import _workloads
@@ -102,16 +103,16 @@ def test_a_crash_before_the_commit_restores_the_previous_backup(
     committed = sorted(os.listdir(backup))
 
     # A run that dies after writing new weights but before the metadata commit.
-    real_write_json = module._write_json
+    real_write_json = engine._write_json
 
     def dies_before_commit(path, value):
         raise OSError("killed before the commit")
 
-    monkeypatch.setattr(module, "_write_json", dies_before_commit)
+    monkeypatch.setattr(engine, "_write_json", dies_before_commit)
     with pytest.raises(OSError, match="killed before the commit"):
         _fit(_workloads.mlp(), [BackupAndRestore(backup)])
     assert len(os.listdir(backup)) == len(committed) + 1  # an orphan weights file
-    monkeypatch.setattr(module, "_write_json", real_write_json)
+    monkeypatch.setattr(engine, "_write_json", real_write_json)
 
     resumed = _workloads.mlp()
     history = _fit(resumed, [BackupAndRestore(backup, delete_checkpoint=False)])
@@ -243,10 +244,11 @@ def test_keras_own_callback_on_several_workers_reports_a_damaged_backup(
     # What a user of `keras.callbacks.BackupAndRestore` sees under
     # MultiWorkerReplicator, where it is routed to ours (one process here:
     # routing forced on, this process is the chief).
-    from keras_replicator.keras_integration import _hooks, _worker_files
+    from keras_replicator._files import worker_files
+    from keras_replicator.keras_integration import _hooks
 
     _hooks.install()
-    monkeypatch.setattr(_worker_files, "routes", lambda model: True)
+    monkeypatch.setattr(worker_files, "routes", lambda model: True)
     backup = str(tmp_path / "backup")
     with pytest.raises(RuntimeError, match="interrupted"):
         _fit(_model(initial), [keras.callbacks.BackupAndRestore(backup), Interrupt(2)])

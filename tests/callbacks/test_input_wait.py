@@ -92,11 +92,3 @@ def test_misuse_is_a_clear_error():
     model.compile("sgd", "mse")
     with pytest.raises(ValueError, match="watch"):
         model.fit(np.zeros([4, 2]), np.zeros([4]), verbose=0, callbacks=[InputWait()])
-
-
-def test_docstring_example_runs():
-    import doctest
-
-    from keras_replicator.callbacks import input_wait
-
-    assert doctest.testmod(input_wait, raise_on_error=False).failed == 0

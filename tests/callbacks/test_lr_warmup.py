@@ -1,12 +1,10 @@
-import doctest
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.callbacks import LearningRateWarmup, lr_warmup
+from keras_replicator.callbacks import LearningRateWarmup
 from keras_replicator.optimizers import LARS
 from keras_replicator.schedules import Warmup
 
@@ -204,10 +202,6 @@ def test_unknown_epoch_length_needs_steps_per_epoch():
 def test_bad_arguments_fail_in_the_constructor(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LearningRateWarmup(**kwargs)
-
-
-def test_docstring_example_runs():
-    assert doctest.testmod(lr_warmup, raise_on_error=False).failed == 0
 
 
 def test_explicit_target_for_resuming_from_a_checkpoint_written_during_warmup():

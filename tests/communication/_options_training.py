@@ -23,8 +23,8 @@ _SCRIPT = textwrap.dedent(
     import keras_replicator as kr
     from tests.communication._options_training import build, data
     if os.environ["KERAS_REPLICATOR_WORKER_INDEX"] in sys.argv[4].split(","):
-        from keras_replicator.communication import _ring_setup
-        _ring_setup.listen = lambda strategy: (None, [0.0] * 5, "made to fail")
+        from keras_replicator.communication.ring import _setup
+        _setup.listen = lambda strategy: (None, [0.0] * 5, "made to fail")
     options = kr.AllReduceOptions(**json.loads(sys.argv[1]))
     strategy = kr.MultiWorkerReplicator(collective_timeout=60, all_reduce=options)
     keras.config.set_floatx("float64")

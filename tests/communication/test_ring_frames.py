@@ -7,22 +7,22 @@ import time
 import numpy as np
 import pytest
 
-from keras_replicator.communication import _ring_frames, _ring_setup
+from keras_replicator.communication.ring import _frames, _handshake
 
-SECRET = _ring_frames.derive_secret([[1.0] * _ring_frames.SECRET_WORDS] * 2)
+SECRET = _handshake.derive_secret([[1.0] * _handshake.SECRET_WORDS] * 2)
 
 
 def test_every_worker_derives_the_same_secret_from_every_workers_words():
     table = np.array(
-        [_ring_frames.secret_words() for _ in range(3)], np.float32
+        [_handshake.secret_words() for _ in range(3)], np.float32
     )  # as the strategy's all-reduce delivers it
-    assert _ring_frames.derive_secret(table) == _ring_frames.derive_secret(
+    assert _handshake.derive_secret(table) == _handshake.derive_secret(
         table.astype(np.float64).tolist()
     )
     for row in range(3):  # each worker's words change it
         changed = table.copy()
         changed[row, 0] = (changed[row, 0] + 1) % 65536
-        assert _ring_frames.derive_secret(changed) != _ring_frames.derive_secret(table)
+        assert _handshake.derive_secret(changed) != _handshake.derive_secret(table)
     assert all(0 <= w < 65536 and w == int(w) for w in table.ravel())
 
 
@@ -51,24 +51,24 @@ def test_the_handshake_opens_with_the_secret_and_refuses_another():
     server, address = _listener()
     deadline = time.monotonic() + 5
     thread, accepted = _in_thread(
-        _ring_setup.accept_neighbour, server, SECRET, 1, 0, deadline
+        _handshake.accept_neighbour, server, SECRET, 1, 0, deadline
     )
     client = socket.create_connection(address, timeout=5)
-    _ring_frames.prove_to_listener(client, SECRET, 0, 1, deadline)
+    _handshake.prove_to_listener(client, SECRET, 0, 1, deadline)
     thread.join(5)
     assert "value" in accepted, accepted
     accepted["value"].close()
     client.close()
     # The wrong secret: the listener refuses it, and the connector learns it.
-    other = _ring_frames.derive_secret([[2.0] * _ring_frames.SECRET_WORDS])
+    other = _handshake.derive_secret([[2.0] * _handshake.SECRET_WORDS])
     deadline = time.monotonic() + 1.0
     with pytest.warns(UserWarning, match="refused a connection"):
         thread, accepted = _in_thread(
-            _ring_setup.accept_neighbour, server, SECRET, 1, 0, deadline
+            _handshake.accept_neighbour, server, SECRET, 1, 0, deadline
         )
         client = socket.create_connection(address, timeout=5)
         with pytest.raises(ConnectionError):
-            _ring_frames.prove_to_listener(client, other, 0, 1, deadline)
+            _handshake.prove_to_listener(client, other, 0, 1, deadline)
         thread.join(5)
     assert isinstance(accepted.get("error"), TimeoutError), accepted
     assert "did not prove the job's secret" in str(accepted["error"])
@@ -88,46 +88,45 @@ def test_a_listener_without_the_secret_is_refused_by_the_connector():
 
     threading.Thread(target=impostor, daemon=True).start()
     client = socket.create_connection(address, timeout=5)
-    with pytest.raises(_ring_frames.HandshakeError, match="did not prove"):
-        _ring_frames.prove_to_listener(client, SECRET, 0, 1, time.monotonic() + 5)
+    with pytest.raises(_handshake.HandshakeError, match="did not prove"):
+        _handshake.prove_to_listener(client, SECRET, 0, 1, time.monotonic() + 5)
     client.close()
     server.close()
 
 
 def test_the_header_names_both_sides():
-    mine = _ring_frames.header(3, np.float32, 16)
-    theirs = _ring_frames.header(3, np.float64, 8)
-    assert len(mine) == _ring_frames.HEADER_SIZE
-    _ring_frames.check_header(mine, mine, 1, 0)
-    with pytest.raises(_ring_frames.FrameMismatch) as caught:
-        _ring_frames.check_header(theirs, mine, 1, 0)
+    mine = _frames.header(3, np.float32, 16)
+    theirs = _frames.header(3, np.float64, 8)
+    assert len(mine) == _frames.HEADER_SIZE
+    _frames.check_header(mine, mine, 1, 0)
+    with pytest.raises(_frames.FrameMismatch) as caught:
+        _frames.check_header(theirs, mine, 1, 0)
     message = str(caught.value)
     assert "worker 0 sent call 3: float64[8] (64 bytes)" in message
     assert "worker 1 has call 3: float32[16] (64 bytes)" in message
-    with pytest.raises(_ring_frames.FrameMismatch, match="not a ring header"):
-        _ring_frames.check_header(bytes(len(mine)), mine, 1, 0)
-    with pytest.raises(_ring_frames.FrameMismatch, match="call 4"):
-        _ring_frames.check_header(_ring_frames.header(4, np.float32, 16), mine, 1, 0)
+    with pytest.raises(_frames.FrameMismatch, match="not a ring header"):
+        _frames.check_header(bytes(len(mine)), mine, 1, 0)
+    with pytest.raises(_frames.FrameMismatch, match="call 4"):
+        _frames.check_header(_frames.header(4, np.float32, 16), mine, 1, 0)
 
 
 def test_the_header_names_the_operation_of_both_sides():
-    for operation in _ring_frames.OPERATIONS:
-        frame = _ring_frames.header(2, np.float32, 4, operation)
-        assert len(frame) == _ring_frames.HEADER_SIZE
+    for operation in _frames.OPERATIONS:
+        frame = _frames.header(2, np.float32, 4, operation)
+        assert len(frame) == _frames.HEADER_SIZE
         assert (
-            _ring_frames.describe(frame)
-            == f"call 2: float32[4] (16 bytes) in {operation}"
+            _frames.describe(frame) == f"call 2: float32[4] (16 bytes) in {operation}"
         )
-    mine = _ring_frames.header(2, np.float32, 8, "reduce_scatter")
-    theirs = _ring_frames.header(2, np.float32, 8, "all_reduce")
-    with pytest.raises(_ring_frames.FrameMismatch) as caught:
-        _ring_frames.check_header(theirs, mine, 1, 0)
+    mine = _frames.header(2, np.float32, 8, "reduce_scatter")
+    theirs = _frames.header(2, np.float32, 8, "all_reduce")
+    with pytest.raises(_frames.FrameMismatch) as caught:
+        _frames.check_header(theirs, mine, 1, 0)
     message = str(caught.value)
     assert message.startswith("the operations differ between workers: ")
     assert "worker 0 sent call 2: float32[8] (32 bytes) in all_reduce" in message
     assert "worker 1 has call 2: float32[8] (32 bytes) in reduce_scatter" in message
     with pytest.raises(ValueError, match=r"Received: operation='all_to_all'"):
-        _ring_frames.header(2, np.float32, 8, "all_to_all")
+        _frames.header(2, np.float32, 8, "all_to_all")
 
 
 def test_receiving_has_one_deadline_for_all_its_bytes():
@@ -144,7 +143,7 @@ def test_receiving_has_one_deadline_for_all_its_bytes():
     threading.Thread(target=trickle, daemon=True).start()
     start = time.monotonic()
     with pytest.raises(TimeoutError):
-        _ring_frames.receive_exact(a, 100, time.monotonic() + 0.5)
+        _frames.receive_exact(a, 100, time.monotonic() + 0.5)
     assert time.monotonic() - start < 1.0
     a.close()
     b.close()

@@ -25,13 +25,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from keras_replicator.communication import (
+from keras_replicator.communication.ring import (
+    _frames,
     _handover,
     _memfd,
-    _ring_frames,
     _shared_memory,
 )
-from keras_replicator.communication._socket_ring import SocketRing
+from keras_replicator.communication.ring._socket_ring import SocketRing
 from tests.communication.test_socket_ring import _rings, _together
 
 pytestmark = pytest.mark.timeout(60)
@@ -313,7 +313,7 @@ def test_a_neighbour_cannot_make_a_worker_open_or_delete_a_file(victim, sent, re
     thread.start()
     # Worker 0 misbehaves: a valid header, then its own idea of step 1.
     tcp, unix = rings[0]._send, rings[0]._link._sending
-    tcp.sendall(_ring_frames.header(1, np.float32, 2000))
+    tcp.sendall(_frames.header(1, np.float32, 2000))
     if sent is _old_note_naming:
         tcp.sendall(sent(victim))
     else:
@@ -363,7 +363,7 @@ def test_a_stranger_cannot_take_the_place_of_the_left_neighbour():
 KILLED = textwrap.dedent(
     """
     import os, signal, socket, threading, time
-    from keras_replicator.communication import _shared_memory
+    from keras_replicator.communication.ring import _shared_memory
     (a, b), (c, d) = socket.socketpair(), socket.socketpair()
     # Worker 0 makes its segment and offers it; worker 1 never answers.
     link = threading.Thread(

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from keras_replicator.communication import _shared_memory
+from keras_replicator.communication.ring import _shared_memory
 from keras_replicator.launch import run_workers
 
 pytestmark = pytest.mark.multi_worker
@@ -21,7 +21,8 @@ TRAIN = textwrap.dedent(
     keras.utils.set_random_seed(0)
     from keras_replicator.testing import _workloads
     strategy = kr.MultiWorkerReplicator(collective_timeout=60)
-    link = strategy._kr_socket_ring._link
+    from keras_replicator._replicator_state import replicator_state
+    link = replicator_state(strategy).transport._link
     print("LINK", link.outbox is not None, link.inbox is not None, flush=True)
     maps = open("/proc/self/maps").read()
     print("MAPPED", maps.count("memfd:krring"), maps.count("/dev/shm/"), flush=True)

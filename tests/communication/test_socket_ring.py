@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from keras_replicator.communication._socket_ring import SocketRing
+from keras_replicator.communication.ring._socket_ring import SocketRing
 
 
 def _rings(size, timeout=10.0):
@@ -72,12 +72,12 @@ def test_a_dead_peer_is_an_error():
 
 
 def test_a_ring_that_cannot_open_names_the_workers_and_the_way_out():
-    from keras_replicator.communication import _ring_setup
+    from keras_replicator.communication.ring import _setup
 
     with pytest.raises(RuntimeError, match=r"worker\(s\) \[1\]\. Here: refused"):
-        _ring_setup.give_up(True, [1], "refused")
+        _setup.give_up(True, [1], "refused")
     with pytest.warns(UserWarning, match="Using TensorFlow's collectives instead"):
-        assert _ring_setup.give_up(False, [0, 1], None) is None
+        assert _setup.give_up(False, [0, 1], None) is None
 
 
 # ----------------------------------------------------------------- faults (issue 22)

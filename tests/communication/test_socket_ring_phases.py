@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from keras_replicator.communication import _ring_frames, _socket_ring
+from keras_replicator.communication.ring import _frames, _handshake, _socket_ring
 from tests.communication.test_socket_ring import _rings, _together
 
 pytestmark = pytest.mark.timeout(60)
@@ -228,5 +228,5 @@ def test_a_failed_ring_refuses_the_phases_too():
 
 
 def test_the_docstring_examples_run():
-    for module in (_socket_ring, _ring_frames):
+    for module in (_socket_ring, _frames, _handshake):
         assert doctest.testmod(module, raise_on_error=False).failed == 0

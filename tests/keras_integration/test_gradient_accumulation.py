@@ -189,10 +189,11 @@ def _fit_on_a_worker(initial):
     import keras
 
     import keras_replicator as kr
+    from keras_replicator._replicator_state import replicator_state
 
     keras.backend.set_floatx("float64")
     strategy = kr.MultiWorkerReplicator(collective_timeout=30)
-    ring = getattr(strategy, _all_reduce.RING_ATTRIBUTE)
+    ring = replicator_state(strategy).transport
     x, y = _data()
     results = {}
     for name, accumulation, batch, steps in [

@@ -1,13 +1,11 @@
 """The reaper stops registered process groups when its launcher's pipe closes."""
 
-import doctest
 import os
 import signal
 import subprocess
 import sys
 import time
 
-from keras_replicator.launch import _reaper
 from keras_replicator.launch._reaper import Reaper
 
 IGNORES_SIGTERM = (
@@ -53,7 +51,3 @@ def test_a_forgotten_group_is_left_alone():
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
-
-
-def test_docstring_examples():
-    assert doctest.testmod(_reaper, raise_on_error=False).failed == 0

@@ -1,12 +1,10 @@
 """`stop_on_signals`: the first signal raises, later ones cannot interrupt the stop."""
 
-import doctest
 import os
 import signal
 
 import pytest
 
-from keras_replicator.launch import _signals
 from keras_replicator.launch._signals import (
     StopSignal,
     signals_deferred,
@@ -42,7 +40,3 @@ def test_handlers_are_restored():
     with stop_on_signals():
         assert signal.getsignal(signal.SIGHUP) is not before
     assert signal.getsignal(signal.SIGHUP) is before
-
-
-def test_docstring_examples():
-    assert doctest.testmod(_signals, raise_on_error=False).failed == 0

@@ -1,5 +1,4 @@
 import copy
-import doctest
 
 import keras
 import numpy as np
@@ -7,8 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.optimizers import Neumann, UseTrueWeights, neumann
-from keras_replicator.optimizers import use_true_weights as use_true_weights_module
+from keras_replicator.optimizers import Neumann, UseTrueWeights
 from tests.optimizers import _fit_helpers
 from tests.optimizers._numpy_neumann import NumpyNeumann
 
@@ -312,11 +310,6 @@ def test_true_weights_before_build_is_a_clear_error():
 def test_update_step_is_not_the_entry_point():
     with pytest.raises(NotImplementedError, match="all variables at once"):
         Neumann(0.1).update_step(None, None, None)
-
-
-def test_docstring_examples_run():
-    for module in (neumann, use_true_weights_module):
-        assert doctest.testmod(module, raise_on_error=False).failed == 0
 
 
 def test_sparse_gradients_update_like_their_dense_form():

@@ -120,7 +120,7 @@ def _strategy_with(cluster):
     resolver = types.SimpleNamespace(
         cluster_spec=lambda: types.SimpleNamespace(as_dict=lambda: cluster)
     )
-    return types.SimpleNamespace(_kr_resolver=resolver)
+    return types.SimpleNamespace(cluster_resolver=resolver)
 
 
 def test_the_probe_names_silent_and_dead_tasks_and_not_live_ones():

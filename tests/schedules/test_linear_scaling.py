@@ -1,10 +1,8 @@
-import doctest
-
 import numpy as np
 import pytest
 
 import keras_replicator as kr
-from keras_replicator.schedules import linear_scaling, scaled_learning_rate
+from keras_replicator.schedules import scaled_learning_rate
 
 
 @pytest.mark.parametrize(
@@ -54,7 +52,3 @@ def test_per_replica_batch_outside_a_scope_is_a_clear_error():
 def test_bad_arguments(args, kwargs, error, message):
     with pytest.raises(error, match=message):
         scaled_learning_rate(*args, **kwargs)
-
-
-def test_docstring_example_runs():
-    assert doctest.testmod(linear_scaling, raise_on_error=False).failed == 0

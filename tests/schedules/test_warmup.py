@@ -1,12 +1,11 @@
 import copy
-import doctest
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_replicator.schedules import Warmup, warmup
+from keras_replicator.schedules import Warmup
 
 Schedules = keras.optimizers.schedules
 
@@ -134,10 +133,6 @@ def test_survives_model_save_and_load(tmp_path):
 def test_bad_arguments_fail_in_the_constructor(args, kwargs, error, message):
     with pytest.raises(error, match=message):
         Warmup(*args, **kwargs)
-
-
-def test_docstring_example_runs():
-    assert doctest.testmod(warmup, raise_on_error=False).failed == 0
 
 
 def test_package_exports():

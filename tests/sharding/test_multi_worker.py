@@ -30,7 +30,7 @@ _SCRIPT = textwrap.dedent(
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import keras, numpy as np
     import keras_replicator as kr
-    from keras_replicator.communication import _all_reduce
+    from keras_replicator._replicator_state import replicator_state
     from tests.sharding import _training as t
     from tests.sharding.test_multi_worker import OPTIMIZERS
     shard, name, save_dir = sys.argv[1] == "1", sys.argv[2], sys.argv[3]
@@ -39,7 +39,7 @@ _SCRIPT = textwrap.dedent(
     keras.config.set_floatx("float64")
     model = t.model_in(strategy, OPTIMIZERS[name])
     t.fit(model, epochs=1)
-    ring = getattr(strategy, _all_reduce.RING_ATTRIBUTE)
+    ring = replicator_state(strategy).transport
     print("BYTES", ring.bytes_sent, flush=True)
     model.save(os.path.join(save_dir, "after_one_epoch.keras"))
     t.fit(model, epochs=1)

@@ -18,7 +18,7 @@ the user's path:
   weights) are published index last; a directory (an unzipped `.keras`, a
   SavedModel export) replaces the previous one as a whole, and the path is
   never left missing; a symlink's target is replaced; leftovers of killed saves
-  are removed by the next save (`_atomic_publish`);
+  are removed by the next save (`atomic_publish`);
 - other workers write into a private scratch directory, deleted right after (and
   at exit, for TensorBoard logs). One exception: a direct `model.save(...)` /
   `save_weights(...)` of a single local file is published by every worker, the
@@ -43,10 +43,7 @@ import threading
 from collections.abc import Callable
 
 from keras_replicator import _compat, _roles
-from keras_replicator.keras_integration._atomic_publish import (
-    TEMP_MARKER,
-    write_atomically,
-)
+from keras_replicator._files.atomic_publish import TEMP_MARKER, write_atomically
 
 __all__ = [
     "TEMP_MARKER",
@@ -73,8 +70,8 @@ def is_chief(model) -> bool:
 
     Example:
     >>> import keras
-    >>> from keras_replicator.keras_integration import _worker_files
-    >>> _worker_files.is_chief(keras.Sequential())
+    >>> from keras_replicator._files import worker_files
+    >>> worker_files.is_chief(keras.Sequential())
     True
     """
     return _roles.is_chief(model.distribute_strategy)

@@ -1,4 +1,4 @@
-"""The reduction rule of our strategies' gradient all-reduce.
+"""The reduction rule of the gradient all-reduce: what is summed, and divided by what.
 
 Two conventions for what a replica's loss means exist, and code written for one
 gives the wrong learning rate under the other:
@@ -16,56 +16,60 @@ are averaged, weighted by sample counts: ``sum_r(n_r * g_r) / sum_r(n_r)``, the
 gradient of the global-batch mean whatever the split (an uneven last batch, a replica
 with no samples). Everywhere else (a plain `strategy.run` loop) the stock contract
 holds: gradients are summed and Keras loss objects scale by ``1/N`` (see
-`_hooks.KerasHooks`), so code written for stock tf.distribute keeps its
-numbers; like stock, a gradient that is one object on every replica (made outside
-`strategy.run`) counts once per worker. Both paths send their bytes through
-`_all_reduce.all_reduce_sum`.
+`keras_integration/_hooks.KerasHooks`), so code written for stock tf.distribute
+keeps its numbers; like stock, a gradient that is one object on every replica
+(made outside `strategy.run`) counts once per worker. Both paths send their bytes
+through `_all_reduce.all_reduce_sum`.
 
 The weighted mean costs one collective: the counts ride with the gradients. When the
-loss already carries the count (``optimizer.scale_loss``, see `_sample_count`), the
-gradients are only summed before the division.
+loss already carries the count (``optimizer.scale_loss``, see
+`keras_integration/_sample_count`), the gradients are only summed before the division.
+
+The rule sits in `communication/`, below both its users: `keras_integration/` (Keras'
+all-reduce, gradient accumulation) and `sharding/` (the sharded update, which sums by
+reduce-scatter). Both read the step's declared sample count once, where Keras hands
+them control, and pass it here (`declared`, a `_replicator_state.SampleCount` or
+None); nothing here looks it up.
 
 With one replica in sync (one device, or a cluster of one worker) both rules are the
 identity, so nothing is scaled, packed or divided: the step is Keras' own step and
-its dense gradients are bit for bit a plain step's (`single_replica`, and `_hooks.
-KerasHooks.scale_loss`, which then leaves the loss alone). Embedding gradients
+its dense gradients are bit for bit a plain step's (`single_replica`, and
+`_hooks.KerasHooks.scale_loss`, which then leaves the loss alone). Embedding gradients
 (`tf.IndexedSlices`) are the exception, with any number of replicas: they reach
 the optimizer with each row once, so Adam sees the dense gradient
-(`communication/_gradient_form`).
+(`_gradient_form`).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_replicator._replicator_state import SampleCount, marked_averaging
 from keras_replicator.communication import _all_reduce, _gradient_form
 from keras_replicator.communication._division import divide
-from keras_replicator.keras_integration import _sample_count
-
-_AVERAGING_ATTRIBUTE = "_kr_averages_replicas"
 
 
-def mark_averaging(optimizer) -> None:
-    """Makes `optimizer` average gradients over replicas (`kr.wrap_optimizer`)."""
-    setattr(optimizer, _AVERAGING_ATTRIBUTE, True)
-    inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
-    if inner is not None:
-        setattr(inner, _AVERAGING_ATTRIBUTE, True)
+def averages(optimizer, on_replicator: bool, declared: SampleCount | None) -> bool:
+    """Whether this all-reduce is a weighted mean (else: the stock sum).
 
-
-def averages(optimizer, on_replicator: bool) -> bool:
-    """Whether this all-reduce is a weighted mean (else: the stock sum)."""
-    if getattr(optimizer, _AVERAGING_ATTRIBUTE, False):
+    Args:
+        optimizer: The optimizer reducing; `kr.wrap_optimizer` marks it to average.
+        on_replicator: Whether the current strategy is one of ours.
+        declared: The replica step's declared sample count, or None.
+    """
+    if marked_averaging(optimizer):
         return True
-    return on_replicator and _sample_count.current_sample_count() is not None
+    return on_replicator and declared is not None
 
 
-def all_reduce(grads_and_vars, average: bool):
+def all_reduce(grads_and_vars, average: bool, declared: SampleCount | None = None):
     """Reduces `grads_and_vars` over replicas; `None` gradients pass through.
 
     Args:
         grads_and_vars: `(gradient, variable)` pairs of one replica.
         average: The sample-weighted mean if True, else the plain sum.
+        declared: The replica step's declared sample count (the mean's weight),
+            or None (weight 1). Defaults to `None`.
 
     Returns:
         The pairs with reduced gradients, in the same order.
@@ -79,7 +83,7 @@ def all_reduce(grads_and_vars, average: bool):
     if not present:
         return grads_and_vars
     gradients = [_gradient_form.shaped_like(*grads_and_vars[i]) for i in present]
-    gradients, exact = prepare_sum(gradients, average)
+    gradients, exact = prepare_sum(gradients, average, declared)
     # Divided by the summed count where it rides (`exact`), in the transport
     # when it can (`_division`), else after it.
     gradients, _ = _all_reduce.all_reduce_sum(
@@ -127,20 +131,23 @@ def _count_shared_once(gradients):
     ]
 
 
-def prepare_sum(gradients, average: bool):
+def prepare_sum(gradients, average: bool, declared: SampleCount | None = None):
     """One replica's share of the reduction: `(tensors to sum, exact scalars)`.
 
     For the weighted mean, each gradient is weighted by the replica's sample
-    count (unless the loss already carries it) and the count rides along as an
-    exact scalar; for the stock sum, a gradient shared by the local replicas is
+    count `declared` (unless the loss already carries it: the first reduction
+    of the step consumes that mark) and the count rides along as an exact
+    scalar; for the stock sum, a gradient shared by the local replicas is
     counted once (`_count_shared_once`). The sum is any transport's: an
     all-reduce here, a reduce-scatter under weight-update sharding.
     """
     if not average:
         return _count_shared_once(gradients), []
-    count = _sample_count.current_sample_count()
-    weight = tf.constant(1.0) if count is None else tf.cast(count, tf.float32)
-    if not _sample_count.take_scaled_loss():
+    if declared is None:
+        weight = tf.constant(1.0)
+    else:
+        weight = tf.cast(declared.count, tf.float32)
+    if declared is None or not declared.take_scaled_loss():
         gradients = [_scale(g, weight) for g in gradients]
     return gradients, [weight]
 

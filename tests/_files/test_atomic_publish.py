@@ -2,7 +2,8 @@
 
 Plain files and directories stand in for Keras' outputs (the callbacks' tests save
 real models through the same code); a killed writer is a real process that dies
-with `os._exit` between two steps, loading this module alone (no TensorFlow).
+with `os._exit` between two steps, importing `keras_replicator._files` only (no
+TensorFlow: the top-level package imports lazily).
 """
 
 import os
@@ -14,9 +15,12 @@ import time
 
 import pytest
 
-from keras_replicator.keras_integration import _atomic_publish as publish
+from keras_replicator._files import atomic_publish as publish
+from keras_replicator._files import leftovers, links
 
 REAL_REPLACE = os.replace
+# The checkout holding `keras_replicator`, for the killed writer's imports.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(publish.__file__)))
 
 
 def _write_text(text):
@@ -270,10 +274,9 @@ def test_our_own_link_in_a_sticky_directory_is_followed(tmp_path):
 
 KILLED_WRITER = textwrap.dedent(
     """
-    import importlib.util, os, sys
-    spec = importlib.util.spec_from_file_location("publish", sys.argv[1])
-    publish = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(publish)
+    import os, sys
+    sys.path.insert(0, sys.argv[1])
+    from keras_replicator._files import atomic_publish as publish
     target, moment = sys.argv[2], sys.argv[3]
 
     def write(path):
@@ -301,7 +304,7 @@ KILLED_WRITER = textwrap.dedent(
 
 def _killed_writer(target, moment):
     done = subprocess.run(
-        [sys.executable, "-c", KILLED_WRITER, publish.__file__, str(target), moment],
+        [sys.executable, "-c", KILLED_WRITER, ROOT, str(target), moment],
         capture_output=True,
         text=True,
         timeout=60,
@@ -316,14 +319,14 @@ def test_a_writer_killed_between_the_renames_is_recovered(tmp_path):
     assert not target.exists()
     assert [n[:8] for n in _leftovers(tmp_path)] == [".kr-old-", ".kr-tmp-"]
 
-    publish.recover(str(tmp_path), "exported")
+    leftovers.recover(str(tmp_path), "exported")
     assert _version(target) == "v1" and _leftovers(tmp_path) == []
 
 
 def _leftover(directory, name, pid, host=None, kind="tmp"):
-    host = host or publish._short_hash(socket.gethostname(), 4)
+    host = host or leftovers._short_hash(socket.gethostname(), 4)
     path = directory / (
-        f".kr-{kind}-{publish._short_hash(name, 8)}-{host}-{pid}-0123abcd"
+        f".kr-{kind}-{leftovers._short_hash(name, 8)}-{host}-{pid}-0123abcd"
     )
     path.mkdir()
     (path / name).write_bytes(b"x" * 1000)
@@ -341,7 +344,7 @@ def test_stale_staging_is_removed_by_the_next_save_to_that_path(tmp_path):
     old_elsewhere = _leftover(tmp_path, "exported", pid=2, host="fffe")
     legacy = tmp_path / ".exported.kr-tmp-999999999-0123abcd"  # earlier versions
     legacy.mkdir()
-    days_ago = time.time() - 2 * publish.OTHER_HOST_STALE_SECONDS
+    days_ago = time.time() - 2 * leftovers.OTHER_HOST_STALE_SECONDS
     os.utime(old_elsewhere, (days_ago, days_ago))
     assert not target.exists()
 
@@ -388,13 +391,14 @@ def test_a_250_character_name_can_be_saved(tmp_path, monkeypatch, kind):
 
 
 def test_staging_names_are_short_and_marked():
-    name = publish.leftover_name("tmp", "x" * 255)
+    name = leftovers.leftover_name("tmp", "x" * 255)
     assert len(name) <= 48 and publish.TEMP_MARKER in name
-    assert publish._LEFTOVER.match(name)
+    assert leftovers._LEFTOVER.match(name)
 
 
 def test_docstring_examples_run():
     import doctest
 
-    results = doctest.testmod(publish, raise_on_error=False)
-    assert results.attempted >= 8 and results.failed == 0
+    for module in (publish, links):
+        results = doctest.testmod(module, raise_on_error=False)
+        assert results.attempted >= 4 and results.failed == 0

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.keras_integration import _worker_files
+from keras_replicator._files import worker_files
 from keras_replicator.launch import launch, run_workers
 from keras_replicator.testing import _workloads
 
@@ -38,14 +38,14 @@ def _write_text(text):
 
 def test_write_atomically_replaces_a_file_in_one_step(tmp_path):
     path = str(tmp_path / "a.json")
-    _worker_files.write_atomically(path, _write_text("old"))
+    worker_files.write_atomically(path, _write_text("old"))
 
     def dies_halfway(staged):
         _write_text("half")(staged)
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError, match="killed"):
-        _worker_files.write_atomically(path, dies_halfway)
+        worker_files.write_atomically(path, dies_halfway)
     assert open(path).read() == "old" and os.listdir(tmp_path) == ["a.json"]
 
 
@@ -62,11 +62,11 @@ def test_write_atomically_publishes_shards_before_their_index(tmp_path, monkeypa
         for name in ("m_00001.weights.h5", "m_00000.weights.h5", "m.weights.json"):
             _write_text(name)(os.path.join(directory, name))
 
-    monkeypatch.setattr(_worker_files.os, "replace", recording_replace)
+    monkeypatch.setattr(worker_files.os, "replace", recording_replace)
     # Asked for `.weights.h5`, Keras writes the sharded index as `.weights.json`.
     for asked in ("m.weights.json", "m.weights.h5"):
         published.clear()
-        _worker_files.write_atomically(str(tmp_path / asked), sharded)
+        worker_files.write_atomically(str(tmp_path / asked), sharded)
         assert published == [
             "m_00000.weights.h5",
             "m_00001.weights.h5",
@@ -83,7 +83,7 @@ def test_write_atomically_replaces_a_directory_as_a_whole(tmp_path):
         os.makedirs(os.path.join(staged, "variables"))
         _write_text("new")(os.path.join(staged, "saved_model.pb"))
 
-    _worker_files.write_atomically(str(target), export)
+    worker_files.write_atomically(str(target), export)
     assert sorted(os.listdir(target)) == ["saved_model.pb", "variables"]
     assert os.listdir(tmp_path) == ["exported"]
 
@@ -96,17 +96,17 @@ def test_a_non_chief_writes_to_scratch_only(tmp_path):
         _write_text("x")(path)
 
     target = str(tmp_path / "model.keras")
-    _worker_files.save_for_worker(_stub_model(False, 1), target, write)
+    worker_files.save_for_worker(_stub_model(False, 1), target, write)
     assert not os.path.exists(target)
     assert "kr-worker1-scratch-" in written[0] and not os.path.exists(written[0])
-    _worker_files.save_for_worker(_stub_model(True, 0), target, write)
+    worker_files.save_for_worker(_stub_model(True, 0), target, write)
     assert os.listdir(tmp_path) == ["model.keras"]
 
 
 def test_a_non_chief_publishes_a_direct_single_file_save(tmp_path):
     # Save-then-load on every worker must work without a shared disk.
     target = tmp_path / "model.keras"
-    _worker_files.save_model_file(_stub_model(False, 1), target, _write_text("x"))
+    worker_files.save_model_file(_stub_model(False, 1), target, _write_text("x"))
     assert os.listdir(tmp_path) == ["model.keras"]
     assert target.read_text() == "x"
 
@@ -115,16 +115,16 @@ def test_a_non_chief_publishes_a_direct_single_file_save(tmp_path):
         _write_text("y")(os.path.join(path, "saved_model.pb"))
 
     exported = tmp_path / "exported"
-    _worker_files.save_model_file(_stub_model(False, 1), exported, write_directory)
+    worker_files.save_model_file(_stub_model(False, 1), exported, write_directory)
     assert os.listdir(tmp_path) == ["model.keras"]  # a directory stays the chief's
 
 
 def test_only_scratch_directories_are_removed(tmp_path):
-    scratch = _worker_files.scratch_dir(3)
+    scratch = worker_files.scratch_dir(3)
     assert "kr-worker3-scratch-" in scratch
-    _worker_files.remove_scratch(str(tmp_path))
-    _worker_files.remove_scratch(None)
-    _worker_files.remove_scratch(scratch)
+    worker_files.remove_scratch(str(tmp_path))
+    worker_files.remove_scratch(None)
+    worker_files.remove_scratch(scratch)
     assert tmp_path.exists() and not os.path.exists(scratch)
 
 
@@ -137,8 +137,8 @@ def test_stock_and_one_process_strategies_keep_keras_saving(make_strategy):
     }[make_strategy]()
     with strategy.scope():
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    assert not _worker_files.routes(model)
-    assert _worker_files.log_dir_for_worker(model, "logs") == "logs"
+    assert not worker_files.routes(model)
+    assert worker_files.log_dir_for_worker(model, "logs") == "logs"
 
 
 def test_tensorboard_writes_event_files_on_one_device(tmp_path):
@@ -343,5 +343,5 @@ def test_keras_backup_and_restore_resumes_exactly_after_a_restart(tmp_path):
 def test_docstring_examples_run():
     import doctest
 
-    results = doctest.testmod(_worker_files, raise_on_error=False)
+    results = doctest.testmod(worker_files, raise_on_error=False)
     assert results.attempted >= 3 and results.failed == 0

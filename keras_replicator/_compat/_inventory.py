@@ -1,0 +1,376 @@
+"""Every Keras / TensorFlow attribute `_compat` replaces, and every upstream object
+our code writes a private attribute on: one table, rendered in docs/compat.md.
+
+A patch that silently stops being installed (lost in a refactor) is as bad as an
+upstream change that routes around it, so tests/test_compat.py checks both ways:
+after install every `PATCHES` target is our replacement, and every replacement
+`_patching.replace` made is listed here. `guard` says how an upstream change is
+noticed: `digest` (the replaced or mirrored source is pinned by a digest in
+`check_upstream()`), `weak` (only a structural check: the attribute exists, or a
+line we rely on is still in the caller's source).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from keras_replicator._compat import _installer
+
+_TF_TRAINER = "keras.src.backend.tensorflow.trainer.TensorFlowTrainer"
+_TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer.TFOptimizer"
+_BASE_OPTIMIZER = "keras.src.optimizers.base_optimizer.BaseOptimizer"
+_LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer"
+_BACKUP = "keras.src.callbacks.backup_and_restore.BackupAndRestore"
+_PROGBAR = "keras.src.callbacks.progbar_logger.ProgbarLogger"
+_CALLBACKS = "keras.src.callbacks.callback_list.CallbackList"
+_TF_VARIABLE = "keras.src.backend.tensorflow.core.Variable"
+_QUEUE = (
+    "tensorflow.python.distribute.coordinator.cluster_coordinator."
+    "_CoordinatedClosureQueue"
+)
+_STEPS = "keras-team/keras#20585, #21172; tensorflow/tensorflow#72388"
+_CHIEF = "tensorflow/tensorflow#38635, #31070 (Keras has no chief)"
+_NONE = "none filed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One replaced upstream attribute.
+
+    Attributes:
+        target: `module.Class.attr` (or `module.function`) that is replaced.
+        patched_by: The `_compat` module that replaces it.
+        installer: The `_installer` group that installs it.
+        guard: `"digest"` or `"weak"` (see the module docstring).
+        upstream: The upstream issue it works around, or why there is none.
+        reason: What goes wrong without it.
+    """
+
+    target: str
+    patched_by: str
+    installer: str
+    guard: str
+    upstream: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stamp:
+    """A private attribute our code writes on a TensorFlow / Keras object."""
+
+    attribute: str
+    on: str
+    set_by: str
+    reason: str
+
+
+def _patches(owner, names, patched_by, installer, guard, upstream, reason):
+    return tuple(
+        Patch(f"{owner}.{name}", patched_by, installer, guard, upstream, reason)
+        for name in names
+    )
+
+
+_KERAS = _installer.KERAS
+PATCHES: tuple[Patch, ...] = (
+    *_patches(
+        _TF_TRAINER,
+        ("make_train_function", "make_test_function", "make_predict_function"),
+        "trainer",
+        _KERAS,
+        "digest",
+        _STEPS,
+        "stock step functions fail under multi-worker, steps_per_execution > 1 "
+        "with jit_compile, and string inputs",
+    ),
+    *_patches(
+        _TF_TRAINER,
+        ("_maybe_symbolic_build",),
+        "trainer",
+        _KERAS,
+        "digest",
+        "keras-team/keras#20585, #21172",
+        "the stock build MEAN-reduces a batch to read its shapes",
+    ),
+    *_patches(
+        _PROGBAR,
+        ("on_train_begin", "on_test_begin", "on_predict_begin"),
+        "trainer",
+        _KERAS,
+        "digest",
+        _NONE + " (Keras has no chief)",
+        "every worker would print a progress bar",
+    ),
+    *_patches(
+        "keras.src.losses.loss",
+        ("scale_loss_for_distribution", "unscale_loss_for_distribution"),
+        "optimizer",
+        _KERAS,
+        "digest",
+        _NONE,
+        "Keras divides by the replica count, wrong for uneven batches",
+    ),
+    *_patches(
+        _TF_OPTIMIZER,
+        ("_all_reduce_sum_gradients",),
+        "optimizer",
+        _KERAS,
+        "digest",
+        _NONE,
+        "no hook to weigh replicas by their sample counts",
+    ),
+    *_patches(
+        _BASE_OPTIMIZER,
+        ("scale_loss",),
+        "optimizer",
+        _KERAS,
+        "digest",
+        _NONE,
+        "sample-count weighting must happen inside the tape (sync batch norm)",
+    ),
+    *_patches(
+        _BASE_OPTIMIZER,
+        ("apply",),
+        "optimizer",
+        _KERAS,
+        "digest",
+        _NONE,
+        "a lazy build inside a traced replica function fails",
+    ),
+    *_patches(
+        _LOSS_SCALE,
+        ("apply",),
+        "optimizer",
+        _KERAS,
+        "digest",
+        _NONE,
+        "same lazy build, in LossScaleOptimizer's own apply (issue 22)",
+    ),
+    *_patches(
+        _BASE_OPTIMIZER,
+        ("save_own_variables", "load_own_variables"),
+        "optimizer",
+        _KERAS,
+        "digest",
+        _NONE + " (Keras shards optimizer state only on JAX)",
+        "sharded slots are saved whole, as one device's",
+    ),
+    *_patches(
+        _TF_OPTIMIZER,
+        ("add_variable_from_reference", "_backend_update_step"),
+        "optimizer",
+        _KERAS,
+        "digest",
+        _NONE + " (Keras shards optimizer state only on JAX)",
+        "weight-update sharding: one piece of each slot per replica",
+    ),
+    *_patches(
+        _LOSS_SCALE,
+        ("check_finite",),
+        "loss_scale",
+        _KERAS,
+        "digest",
+        _NONE + " (_tf_apply's comment states the wrong assumption)",
+        "an overflow in one replica's share is missed",
+    ),
+    *_patches(
+        _BASE_OPTIMIZER,
+        ("_backend_apply_gradients",),
+        "accumulation",
+        _KERAS,
+        "digest",
+        _NONE,
+        "gradient_accumulation_steps: merge_call inside a cond branch fails",
+    ),
+    *_patches(
+        "keras.src.trainers.data_adapters.tf_dataset_adapter.TFDatasetAdapter",
+        ("num_batches",),
+        "data",
+        _KERAS,
+        "weak",
+        _NONE,
+        "unequal worker shards stop workers after different step counts",
+    ),
+    *_patches(
+        "keras.src.saving.saving_lib",
+        ("save_model", "save_weights_only"),
+        "saving",
+        _KERAS,
+        "digest",
+        _CHIEF,
+        "every worker writes the user's path (h5 lock errors)",
+    ),
+    *_patches(
+        "keras.src.legacy.saving.legacy_h5_format",
+        ("save_model_to_hdf5",),
+        "saving",
+        _KERAS,
+        "digest",
+        _CHIEF,
+        "every worker writes the user's path (h5 lock errors)",
+    ),
+    *_patches(
+        "keras.src.models.model.Model",
+        ("export",),
+        "saving",
+        _KERAS,
+        "digest",
+        _CHIEF,
+        "every worker exports to the user's path",
+    ),
+    *_patches(
+        "keras.src.callbacks.model_checkpoint.ModelCheckpoint",
+        ("_save_model",),
+        "saving",
+        _KERAS,
+        "digest",
+        _CHIEF,
+        "unguarded makedirs and writes on every worker",
+    ),
+    *_patches(
+        _BACKUP,
+        (
+            "on_train_begin",
+            "on_epoch_begin",
+            "on_epoch_end",
+            "on_train_batch_end",
+            "on_train_end",
+        ),
+        "saving",
+        _KERAS,
+        "digest",
+        _CHIEF,
+        "torn backups (weights, then epoch, in place) on every worker",
+    ),
+    *_patches(
+        "keras.src.callbacks.tensorboard.TensorBoard",
+        ("set_model", "on_train_end"),
+        "saving",
+        _KERAS,
+        "digest",
+        _CHIEF,
+        "non-chiefs log to scratch, removed when training ends",
+    ),
+    *_patches(
+        "keras.src.trainers.trainer.Trainer",
+        ("_compute_loss",),
+        "loss_hook",
+        _installer.LOSS_HOOK,
+        "digest",
+        "keras-team/keras#14062 (closed without an API)",
+        "optimizers never see the training loss (NLCG needs it)",
+    ),
+    *_patches(
+        _CALLBACKS,
+        ("on_train_begin", "on_train_batch_begin"),
+        "train_begin",
+        _installer.TRAIN_BEGIN,
+        "digest",
+        _NONE,
+        "fit tells the optimizer nothing before its first step (Neumann)",
+    ),
+    *_patches(
+        _TF_TRAINER,
+        ("fit", "evaluate", "predict"),
+        "parameter_server",
+        _installer.PARAMETER_SERVER,
+        "weak",
+        _NONE + " (tf_keras had ClusterCoordinator support)",
+        "Keras 3 cannot train on ParameterServerStrategy",
+    ),
+    *_patches(
+        _QUEUE,
+        ("put_back",),
+        "parameter_server",
+        _installer.PARAMETER_SERVER,
+        "weak",
+        _NONE,
+        "rescheduled closures are logged, not counted",
+    ),
+    *_patches(
+        _TF_VARIABLE,
+        ("assign_add", "assign_sub"),
+        "parameter_server",
+        _installer.PARAMETER_SERVER,
+        "weak",
+        _NONE,
+        "read-then-write increments lose updates on a parameter server",
+    ),
+    *_patches(
+        _TF_VARIABLE,
+        ("_initialize",),
+        "parameter_server",
+        _installer.PARAMETER_SERVER,
+        "weak",
+        _NONE,
+        "a partitioned (ShardedVariable) Keras variable cannot train",
+    ),
+)
+
+#: Private attributes written on TensorFlow / Keras objects (our own subclasses'
+#: attributes excluded). `_kr_*` names are found by a scan of the package
+#: (tests/test_compat.py); each must be listed here with its reason.
+STAMPS: tuple[Stamp, ...] = (
+    Stamp(
+        "_serialize_to_tensors, _restore_from_tensors",
+        "tf.Variable (a weight-update-sharding slot piece)",
+        "_compat/optimizer.py override_checkpointing",
+        "TF's per-object checkpoint protocol: a piece saves as the whole slot",
+    ),
+    Stamp(
+        "_track_variable",
+        "keras.optimizers.Optimizer (shadowed during one add_variable)",
+        "_compat/optimizer.py add_variable_prepared",
+        "a deferred checkpoint restore must wait until the slot is set up",
+    ),
+    Stamp(
+        "_initial_epoch",
+        "keras.Model",
+        "_compat/trainer.py set_initial_epoch",
+        "Keras' own resume attribute, written as its BackupAndRestore does",
+    ),
+    Stamp(
+        "_collective_key_base",
+        "tf.distribute.MirroredStrategy (stock, for tests)",
+        "_compat/strategy.py stock_mirrored_strategy",
+        "TF's knob for distinct collective keys per strategy in one process",
+    ),
+)
+
+
+def resolve(target: str):
+    """`(owner, name)` for a `module.Class.attr` / `module.function` target."""
+    parts = target.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for part in parts[split:-1]:
+            owner = getattr(owner, part)
+        return owner, parts[-1]
+    raise ImportError(f"No module found for {target!r}")
+
+
+def render() -> str:
+    """The inventory as Markdown tables (docs/compat.md holds this text)."""
+    lines = [
+        "| target | patched by | installed by | guard | upstream | why |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in PATCHES:
+        lines.append(
+            f"| `{p.target}` | `_compat/{p.patched_by}.py` | {p.installer} | "
+            f"{p.guard} | {p.upstream} | {p.reason} |"
+        )
+    lines += [
+        "",
+        "Attributes stamped on upstream objects:",
+        "",
+        "| attribute | on | set by | why |",
+        "|---|---|---|---|",
+    ]
+    for s in STAMPS:
+        lines.append(f"| `{s.attribute}` | {s.on} | `{s.set_by}` | {s.reason} |")
+    return "\n".join(lines) + "\n"

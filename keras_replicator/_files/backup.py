@@ -1,0 +1,347 @@
+"""A backup that is safe on several workers and never restores a torn state.
+
+Stock Keras writes the backup as two files, `latest.weights.h5` and
+`training_metadata.json` (the epoch), in place, on every worker. On several
+workers sharing `backup_dir` that is an h5 lock error; after a crash between the
+two writes (or during one) the next run restores weights of one epoch with the
+epoch counter of another, or fails to read a truncated file.
+
+Here a backup is committed in three steps, by the chief only:
+
+1. the weights go to a new file, `state-e<epoch>-b<batch>-<token>.weights.h5`,
+   written under a temporary name and renamed when complete;
+2. `training_metadata.json` (epoch, batch and the name of that weights file) is
+   replaced atomically the same way: this rename is the commit;
+3. weights files no backup refers to any more are deleted, and
+   `latest.weights.h5` becomes a hard link to the new weights, so stock Keras can
+   resume from the directory too (it reads that name and the epoch).
+
+A crash at any point leaves the previous backup whole, so a restart resumes from
+the last committed epoch exactly. A `training_metadata.json` that is damaged
+anyway (truncated or edited by something else, e.g. a full disk or a copy that
+stopped halfway) is never read as "no epoch": that would restart at epoch 0 with
+the latest weights. With `double_checkpoint=True` the previous backup is
+restored (an exact resume from the epoch before); otherwise restoring stops with
+an error naming the file, before anything in `backup_dir` is deleted.
+
+Other workers save to a scratch directory (so collectives inside saving stay in
+step) and restore from the chief's files, which therefore must be on a
+filesystem every worker sees, as with stock Keras. A backup written by stock
+Keras (`latest.weights.h5`) is still restored.
+
+With `save_freq="epoch"` (the default) and a deterministic input order
+(`shuffle=False`), resuming gives the same final weights as an uninterrupted run.
+With an integer `save_freq`, as in stock Keras, a resumed run restarts the
+interrupted epoch from mid-epoch weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+
+import keras
+
+from keras_replicator import _compat
+from keras_replicator._files.atomic_publish import TEMP_MARKER, write_atomically
+from keras_replicator._files.worker_files import is_chief, save_for_worker
+
+__all__ = [
+    "METADATA_FILE",
+    "PREVIOUS_SUFFIX",
+    "STOCK_WEIGHTS_FILE",
+    "AtomicBackupAndRestore",
+]
+
+METADATA_FILE = "training_metadata.json"
+PREVIOUS_SUFFIX = ".bkp"
+STOCK_WEIGHTS_FILE = "latest.weights.h5"
+_STATE_FILE = re.compile(r"^state-e\d+-b-?\d+-[0-9a-f]+\.weights\.h5$")
+
+
+class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """The engine of `keras_replicator.callbacks.BackupAndRestore` (see there).
+
+    Also what Keras' own `BackupAndRestore` forwards its events to under our
+    multi-worker strategies (`keras_integration._hooks.KerasHooks.backup_engine`),
+    so both behave the same there; it lives below `callbacks/` and
+    `keras_integration/` so that neither imports the other for it.
+    """
+
+    def __init__(
+        self,
+        backup_dir,
+        save_freq="epoch",
+        double_checkpoint=False,
+        delete_checkpoint=True,
+    ):
+        if save_freq is not False and save_freq != "epoch":
+            if isinstance(save_freq, bool) or not isinstance(save_freq, int):
+                raise ValueError(
+                    "`save_freq` must be 'epoch', a positive number of batches or "
+                    f"False. Received: save_freq={save_freq!r}. Use 'epoch'."
+                )
+            if save_freq < 1:
+                raise ValueError(
+                    "`save_freq` must be 'epoch', a positive number of batches or "
+                    f"False. Received: save_freq={save_freq}. Use 'epoch' or 100."
+                )
+        super().__init__(
+            backup_dir,
+            save_freq=save_freq,
+            double_checkpoint=double_checkpoint,
+            delete_checkpoint=delete_checkpoint,
+        )
+        self._kr_epochs_done = 0
+        self._kr_last_batch = -1
+        self._kr_batches_since_backup = 0
+
+    # Restore ------------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        if not model.built:
+            raise ValueError(
+                "`BackupAndRestore` needs a built model to restore into. "
+                f"Received: an unbuilt model {model}. Build it first, e.g. by "
+                "calling it on a batch or with `keras.Input` in its definition."
+            )
+        # Read first: a damaged backup stops here, before any file is deleted.
+        state = self._kr_read_backup()
+        if is_chief(model):
+            self._kr_remove_orphans(keep=self._kr_referenced_files())
+        if state is None:
+            return
+        epoch, weights_path = state
+        if weights_path is not None:
+            if model.optimizer is not None and not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+            model.load_weights(weights_path)
+        if epoch is not None:
+            # Keras' fit() starts from `model._initial_epoch` when it is set; it
+            # is how the stock BackupAndRestore resumes, and there is no public
+            # way for a callback to move the first epoch.
+            _compat.set_initial_epoch(model, epoch)
+            self._kr_epochs_done = epoch
+
+    def _kr_read_backup(self):
+        """`(epoch, weights path)` of the newest readable backup, or None."""
+        candidates = [self._kr_path(METADATA_FILE)]
+        if self.double_checkpoint:
+            candidates.append(self._kr_path(METADATA_FILE + PREVIOUS_SUFFIX))
+        errors, damaged = [], []
+        for metadata_path in candidates:
+            try:
+                metadata = _load_metadata(metadata_path)
+            except _DamagedMetadata as error:
+                damaged.append(str(error))
+                continue
+            if metadata is None:
+                continue
+            name = metadata.get("weights")
+            weights = self._kr_path(name) if name else None
+            if weights is not None and _readable_h5(weights, errors):
+                return metadata.get("epoch"), weights
+            if weights is None:
+                stock = self._kr_path(STOCK_WEIGHTS_FILE)
+                return metadata.get("epoch"), stock if os.path.exists(stock) else None
+        if damaged:
+            raise OSError(self._kr_damaged_message(damaged, errors))
+        if errors:
+            raise OSError(
+                f"The backup in `backup_dir`={self.backup_dir!r} cannot be read "
+                f"({errors[0]}). Delete the directory to start over."
+            )
+        stock = self._kr_path(STOCK_WEIGHTS_FILE)
+        return (None, stock) if os.path.exists(stock) else None
+
+    def _kr_damaged_message(self, damaged: list, errors: list) -> str:
+        states = sorted(
+            (name for name in _listdir(self.backup_dir) if _STATE_FILE.match(name)),
+            key=_state_order,
+        )
+        if states:
+            epoch = _state_order(states[-1])[0]
+            example = json.dumps({"epoch": epoch, "weights": states[-1]})
+            present = f" (weights files present: {', '.join(states)})"
+        else:
+            example, present = json.dumps({"epoch": 0}), ""
+        reasons = "; ".join(damaged + errors)
+        return (
+            f"The backup in `backup_dir`={self.backup_dir!r} cannot be resumed: "
+            f"{reasons}. Backups are committed atomically, so something else "
+            "damaged it (a full disk, a partial copy, an edit), and the epoch "
+            "to resume from is unknown. Delete `backup_dir` to start over from "
+            "epoch 0, or write the last completed epoch and its weights file "
+            f"into {METADATA_FILE}, e.g. {example}{present}."
+        )
+
+    # Back up ------------------------------------------------------------------
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._kr_last_batch = -1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_freq in ("epoch", False):
+            return
+        step = batch - self._kr_last_batch if batch > self._kr_last_batch else 1
+        self._kr_last_batch = batch
+        self._kr_batches_since_backup += step
+        if self._kr_batches_since_backup >= self.save_freq:
+            self._kr_batches_since_backup = 0
+            self._kr_back_up(self._kr_epochs_done, batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._kr_epochs_done = epoch + 1
+        if self.save_freq == "epoch":
+            self._kr_back_up(epoch + 1, 0)
+
+    def _kr_back_up(self, epoch: int, batch: int) -> None:
+        name = f"state-e{epoch}-b{batch}-{uuid.uuid4().hex[:8]}.weights.h5"
+        weights = self._kr_path(name)
+
+        def write(path):
+            self.model.save_weights(path, overwrite=True)
+
+        save_for_worker(self.model, weights, write)
+        if not is_chief(self.model):
+            return
+        metadata_path = self._kr_path(METADATA_FILE)
+        try:
+            previous = _load_metadata(metadata_path)
+        except _DamagedMetadata:
+            previous = None  # not a backup to fall back to
+        if self.double_checkpoint and previous is not None:
+            _write_json(metadata_path + PREVIOUS_SUFFIX, previous)
+        _write_json(metadata_path, {"epoch": epoch, "batch": batch, "weights": name})
+        self._kr_link_for_stock_keras(weights)
+        self._kr_remove_orphans(keep=self._kr_referenced_files())
+
+    def _kr_link_for_stock_keras(self, weights: str) -> None:
+        """Points `latest.weights.h5` at the committed weights (a hard link).
+
+        Stock Keras' `BackupAndRestore` reads that name: without it, a directory
+        written here would make it resume at the saved epoch with fresh weights.
+        """
+
+        def write(temporary):
+            try:
+                os.link(weights, temporary)
+            except OSError:  # no hard links on this filesystem
+                shutil.copyfile(weights, temporary)
+
+        write_atomically(self._kr_path(STOCK_WEIGHTS_FILE), write)
+
+    def on_train_end(self, logs=None):
+        if self.delete_checkpoint and is_chief(self.model):
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+    # Files --------------------------------------------------------------------
+
+    def _kr_path(self, name: str) -> str:
+        return os.path.join(self.backup_dir, name)
+
+    def _kr_referenced_files(self) -> set[str]:
+        names = set()
+        for suffix in ("", PREVIOUS_SUFFIX):
+            try:
+                metadata = _load_metadata(self._kr_path(METADATA_FILE + suffix))
+            except _DamagedMetadata:
+                continue
+            if metadata and metadata.get("weights"):
+                names.add(metadata["weights"])
+        return names
+
+    def _kr_remove_orphans(self, keep: set[str]) -> None:
+        """Deletes unreferenced weights and leftovers of interrupted writes."""
+        if not os.path.isdir(self.backup_dir):
+            return
+        for name in os.listdir(self.backup_dir):
+            orphan = _STATE_FILE.match(name) and name not in keep
+            path = self._kr_path(name)
+            if TEMP_MARKER in name and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)  # a staging directory
+            elif orphan or TEMP_MARKER in name:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass  # removed concurrently, or a directory: not ours
+
+
+class _DamagedMetadata(Exception):
+    """`training_metadata.json` exists but does not hold a backup's state."""
+
+
+def _load_metadata(path: str):
+    """The metadata at `path`, None if there is none; `_DamagedMetadata` if bad.
+
+    Ours holds `epoch`, `batch` and `weights`; stock Keras' `epoch` and `batch`.
+    """
+    try:
+        with open(path, "rb") as file:
+            content = file.read()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise _DamagedMetadata(f"{path} cannot be read ({error})") from error
+    try:
+        metadata = json.loads(content)
+    except ValueError as error:
+        raise _DamagedMetadata(
+            f"{path} is not valid JSON ({error}; {len(content)} bytes: "
+            f"{content[:80]!r})"
+        ) from error
+    epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
+    weights = metadata.get("weights") if isinstance(metadata, dict) else None
+    if (
+        not isinstance(epoch, int)
+        or isinstance(epoch, bool)
+        or epoch < 0
+        or not (
+            weights is None or (isinstance(weights, str) and _STATE_FILE.match(weights))
+        )
+    ):
+        raise _DamagedMetadata(
+            f"{path} does not hold a backup's state (expected e.g. "
+            f'{{"epoch": 2, "batch": 0, "weights": "state-e2-b0-<hex>.weights.h5"}}, '
+            f"got {metadata!r:.200})"
+        )
+    return metadata
+
+
+def _listdir(path: str) -> list:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _state_order(name: str) -> tuple:
+    """(epoch, batch) of a `state-e<epoch>-b<batch>-<token>.weights.h5` name."""
+    epoch, batch = re.match(r"^state-e(\d+)-b(-?\d+)-", name).groups()
+    return int(epoch), int(batch)
+
+
+def _write_json(path: str, value) -> None:
+    def write(temporary):
+        with open(temporary, "w") as file:
+            json.dump(value, file)
+
+    write_atomically(path, write)
+
+
+def _readable_h5(path: str, errors: list) -> bool:
+    if not os.path.exists(path):
+        errors.append(f"{os.path.basename(path)} is missing")
+        return False
+    try:
+        import h5py
+
+        with h5py.File(path, "r"):
+            return True
+    except OSError as error:
+        errors.append(f"{os.path.basename(path)}: {error}")
+        return False

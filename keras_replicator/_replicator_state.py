@@ -1,0 +1,142 @@
+"""What the library knows about a strategy: one typed object, one accessor.
+
+Our strategies subclass TensorFlow's, and Keras, `_compat`'s patches and half the
+packages ask them questions: which all-reduce options and transport, the
+collective timeout, whether they span workers, the hierarchy's instance-key
+counters, cached step functions. That state used to be stamped on the strategy
+(and on optimizers) as `_kr_*` attributes with `setattr` and read back with
+`getattr` from six packages. It now lives in one `ReplicatorState` per strategy,
+registered by our strategies' constructors and read with `replicator_state`.
+
+The registry is a `weakref.WeakKeyDictionary` keyed by the strategy rather than
+one attribute set by our subclasses' constructors: then nothing at all is written
+on a TensorFlow object (no name that a TensorFlow release could start using), the
+state dies with its strategy, and any strategy, ours or stock, is asked the same
+way; a stock strategy simply has none (`None`: "not one of ours"). (`_compat`,
+a leaf that imports nothing of ours, tells our synchronous strategies by the
+class attribute `ReplicatorMixin` declares instead.)
+
+The optimizers that `kr.wrap_optimizer` marks to average are kept the same way
+(`mark_averaging`, `marked_averaging`): a weak set, not an attribute that Keras
+would track.
+
+This module imports nothing else from keras_replicator, so every layer may use it.
+
+Example:
+>>> import tensorflow as tf
+>>> replicator_state(tf.distribute.get_strategy()) is None
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any
+
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_AVERAGING: weakref.WeakSet = weakref.WeakSet()
+_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(eq=False)
+class SampleCount:
+    """One replica step's declared sample count (`keras_integration/_sample_count`).
+
+    Attributes:
+        count: The replica's number of samples, a float32 scalar tensor.
+        loss_scaled: Whether its loss already carries `count`
+            (`optimizer.scale_loss`), so the gradient all-reduce only sums.
+    """
+
+    count: Any
+    loss_scaled: bool = False
+
+    def take_scaled_loss(self) -> bool:
+        """True, once, if the loss carries the count: the first all-reduce of the
+        step consumes the mark (a second one, a `LossScaleOptimizer`'s inner
+        optimizer, sees gradients that are already the global mean)."""
+        scaled, self.loss_scaled = self.loss_scaled, False
+        return scaled
+
+
+@dataclasses.dataclass(eq=False)
+class ReplicatorState:
+    """Everything the library keeps about one strategy.
+
+    Attributes:
+        options: The resolved `kr.AllReduceOptions` (`transport` chosen), or None
+            (a `ParameterServerReplicator`: no all-reduce).
+        transport: The socket ring the strategy opened (`communication/ring`), or
+            None: TensorFlow's collectives.
+        collective_timeout: Seconds a collective waits for its peers, or None.
+        is_multi_worker: Whether the strategy spans several worker processes.
+        is_parameter_server: A `ParameterServerReplicator` (asynchronous; not a
+            synchronous Replicator, so Keras' steps are not rerouted).
+        partitioner: A parameter-server strategy's `variable_partitioner`.
+        resolver: A parameter-server strategy's cluster resolver.
+        coordinator: Its `ClusterCoordinator`, made on first use.
+        hierarchy: The hierarchical all-reduce's counters and ordering tokens
+            (`communication/_hierarchy`), made on first use.
+        step_functions: Compiled `run_steps` loops, by their arguments.
+        sample_counts: Declared sample counts by replica (the one side channel of
+            the step: see `keras_integration/_sample_count`).
+    """
+
+    options: Any = None
+    transport: Any = None
+    collective_timeout: float | None = None
+    is_multi_worker: bool = False
+    is_parameter_server: bool = False
+    partitioner: Any = None
+    resolver: Any = None
+    coordinator: Any = None
+    hierarchy: Any = None
+    step_functions: dict = dataclasses.field(default_factory=dict)
+    sample_counts: dict = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+
+def register(strategy, state: ReplicatorState | None = None) -> ReplicatorState:
+    """Makes `state` (default: a new one) `strategy`'s; our constructors call it."""
+    state = ReplicatorState() if state is None else state
+    with _LOCK:
+        _STATES[strategy] = state
+    return state
+
+
+def replicator_state(strategy) -> ReplicatorState | None:
+    """`strategy`'s state, or None if it is not one of our strategies."""
+    try:
+        return _STATES.get(strategy)
+    except TypeError:  # not weak-referenceable: not one of ours
+        return None
+
+
+def own_state(strategy) -> ReplicatorState:
+    """The state of one of our strategies (for its own methods): never None."""
+    state = replicator_state(strategy)
+    if state is None:
+        raise RuntimeError(
+            f"{type(strategy).__name__} was not registered: its constructor must call "
+            "`_replicator_state.register` before the strategy is used."
+        )
+    return state
+
+
+def mark_averaging(optimizer) -> None:
+    """Marks `optimizer` (and a `LossScaleOptimizer`'s inner one) as averaging."""
+    with _LOCK:
+        _AVERAGING.add(optimizer)
+        inner = getattr(optimizer, "inner_optimizer", None)
+        if inner is not None:
+            _AVERAGING.add(inner)
+
+
+def marked_averaging(optimizer) -> bool:
+    """Whether `kr.wrap_optimizer` marked `optimizer` to average over replicas."""
+    try:
+        return optimizer in _AVERAGING
+    except TypeError:
+        return False
