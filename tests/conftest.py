@@ -10,7 +10,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-
 # Variants that `make test` leaves to `make test-slow` to stay under 20 minutes on 2
 # cores (issue 34). Each is reviewed: what it checks is also checked in the default
 # run by the test named beside it. Node id prefix -> that test.
