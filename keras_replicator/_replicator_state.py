@@ -8,13 +8,14 @@ counters, cached step functions. That state used to be stamped on the strategy
 `getattr` from six packages. It now lives in one `ReplicatorState` per strategy,
 registered by our strategies' constructors and read with `replicator_state`.
 
-The registry is a `weakref.WeakKeyDictionary` keyed by the strategy rather than
-one attribute set by our subclasses' constructors: then nothing at all is written
-on a TensorFlow object (no name that a TensorFlow release could start using), the
-state dies with its strategy, and any strategy, ours or stock, is asked the same
-way; a stock strategy simply has none (`None`: "not one of ours"). (`_compat`,
-a leaf that imports nothing of ours, tells our synchronous strategies by the
-class attribute `ReplicatorMixin` declares instead.)
+The state is held by the strategy itself, in the one attribute our strategies'
+constructors set (`register`), so it lives and dies with its strategy: a global
+weak registry was tried, but its values (compiled `run_steps` loops, whose input
+signatures name the strategy) refer back to their key and kept every strategy
+alive. Nothing else is written on a TensorFlow object; a stock strategy has no
+state (`None`: "not one of ours"). (`_compat`, a leaf that imports nothing of
+ours, tells our synchronous strategies by the class attribute `ReplicatorMixin`
+declares instead.)
 
 The optimizers that `kr.wrap_optimizer` marks to average are kept the same way
 (`mark_averaging`, `marked_averaging`): a weak set, not an attribute that Keras
@@ -35,7 +36,6 @@ import threading
 import weakref
 from typing import Any
 
-_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _AVERAGING: weakref.WeakSet = weakref.WeakSet()
 _LOCK = threading.Lock()
 
@@ -76,7 +76,6 @@ class ReplicatorState:
             synchronous Replicator, so Keras' steps are not rerouted).
         partitioner: A parameter-server strategy's `variable_partitioner`.
         resolver: A parameter-server strategy's cluster resolver.
-        coordinator: Its `ClusterCoordinator`, made on first use.
         hierarchy: The hierarchical all-reduce's counters and ordering tokens
             (`communication/_hierarchy`), made on first use.
         step_functions: Compiled `run_steps` loops, by their arguments.
@@ -91,27 +90,26 @@ class ReplicatorState:
     is_parameter_server: bool = False
     partitioner: Any = None
     resolver: Any = None
-    coordinator: Any = None
     hierarchy: Any = None
     step_functions: dict = dataclasses.field(default_factory=dict)
     sample_counts: dict = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
 
+_ATTRIBUTE = "_replicator_state"  # set once, by our own constructors
+
+
 def register(strategy, state: ReplicatorState | None = None) -> ReplicatorState:
     """Makes `state` (default: a new one) `strategy`'s; our constructors call it."""
     state = ReplicatorState() if state is None else state
-    with _LOCK:
-        _STATES[strategy] = state
+    setattr(strategy, _ATTRIBUTE, state)
     return state
 
 
 def replicator_state(strategy) -> ReplicatorState | None:
     """`strategy`'s state, or None if it is not one of our strategies."""
-    try:
-        return _STATES.get(strategy)
-    except TypeError:  # not weak-referenceable: not one of ours
-        return None
+    state = getattr(strategy, _ATTRIBUTE, None)
+    return state if isinstance(state, ReplicatorState) else None
 
 
 def own_state(strategy) -> ReplicatorState:

@@ -61,3 +61,21 @@ def test_sharding_imports_nothing_from_keras_integration():
             ):
                 found.append(f"{path.name}: {node.module}")
     assert found == []
+
+
+def test_the_state_does_not_keep_its_strategy_alive():
+    # A cached `run_steps` loop refers to its strategy (its input signature names
+    # it): held in a global weak registry, it kept the strategy alive for good.
+    import gc
+    import weakref
+
+    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    dataset = strategy.distribute_input(
+        lambda context: tf.data.Dataset.from_tensors(tf.ones([2, 3])).repeat()
+    )
+    strategy.run_steps(lambda batch: tf.reduce_sum(batch), iter(dataset))
+    assert replicator_state(strategy).step_functions
+    gone = weakref.ref(strategy)
+    del strategy, dataset
+    gc.collect()
+    assert gone() is None

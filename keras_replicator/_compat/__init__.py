@@ -49,46 +49,53 @@ digests), `_older_digests` (digests of older supported Keras releases).
 
 from __future__ import annotations
 
-from keras_replicator._compat import (
-    _installer,
-    _versions,
-    accumulation,
-    data,
-    lamb,
-    layers,
-    loss_hook,
-    loss_scale,
-    optimizer,
-    parameter_server,
-    saving,
-    strategy,
-    train_begin,
-    trainer,
-)
-from keras_replicator._compat._inventory import PATCHES, STAMPS
-from keras_replicator._compat.layers import register_batch_norm_moments_hook
-from keras_replicator._compat.optimizer import optimizer_variable_index
-from keras_replicator._compat.parameter_server import (
-    closure_queue_state,
-    install_parameter_server,
-    rescheduled_closures,
-    stop_coordinator,
-    symbolic_build,
-)
-from keras_replicator._compat.saving import WORKER_FILES_DIGESTS
-from keras_replicator._compat.strategy import (
-    in_multi_worker_mode,
-    is_replicator,
-    is_replicator_current,
-    next_collective_key_base,
-    stock_mirrored_strategy,
-)
-from keras_replicator._compat.trainer import (
-    in_keras_symbolic_build,
-    initial_epoch_of,
-    loss_tracker,
-    set_initial_epoch,
-)
+# The version check needs nothing but the versions: it comes first, so a Keras
+# whose private modules moved gets the supported-range message, not an ImportError
+# from one of the patch modules below.
+from keras_replicator._compat import _versions
+
+try:
+    from keras_replicator._compat import (
+        _installer,
+        accumulation,
+        data,
+        lamb,
+        layers,
+        loss_hook,
+        loss_scale,
+        optimizer,
+        parameter_server,
+        saving,
+        strategy,
+        train_begin,
+        trainer,
+    )
+    from keras_replicator._compat._inventory import PATCHES, STAMPS
+    from keras_replicator._compat.layers import register_batch_norm_moments_hook
+    from keras_replicator._compat.optimizer import optimizer_variable_index
+    from keras_replicator._compat.parameter_server import (
+        closure_queue_state,
+        install_parameter_server,
+        rescheduled_closures,
+        stop_coordinator,
+        symbolic_build,
+    )
+    from keras_replicator._compat.saving import WORKER_FILES_DIGESTS
+    from keras_replicator._compat.strategy import (
+        in_multi_worker_mode,
+        is_replicator,
+        is_replicator_current,
+        next_collective_key_base,
+        stock_mirrored_strategy,
+    )
+    from keras_replicator._compat.trainer import (
+        in_keras_symbolic_build,
+        initial_epoch_of,
+        loss_tracker,
+        set_initial_epoch,
+    )
+except (ImportError, AttributeError) as error:  # internals missing or moved
+    raise _versions.missing_internals_error(error) from error
 
 # Source digests of the Keras internals we replace, for keras==3.15.1 (the Keras
 # saving functions behind `_patch_worker_files` are in `WORKER_FILES_DIGESTS`).

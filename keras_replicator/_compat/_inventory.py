@@ -331,6 +331,12 @@ STAMPS: tuple[Stamp, ...] = (
         "Keras' own resume attribute, written as its BackupAndRestore does",
     ),
     Stamp(
+        "_replicator_state",
+        "our strategies (subclasses of tf.distribute strategies)",
+        "_replicator_state.register",
+        "the library's one typed state object, held by the strategy so it dies with it",
+    ),
+    Stamp(
         "_collective_key_base",
         "tf.distribute.MirroredStrategy (stock, for tests)",
         "_compat/strategy.py stock_mirrored_strategy",

@@ -118,3 +118,31 @@ def check_versions(check_upstream, environ=None, found=None) -> VersionReport:
         stacklevel=4,
     )
     return result
+
+
+def missing_internals_error(error: BaseException) -> UnsupportedVersionError:
+    """The error for Keras / TensorFlow internals we patch that cannot be found.
+
+    Raised when `_compat` is imported (by a strategy constructor, or
+    `keras-replicator env`): the patch modules import Keras' private modules, which
+    a release outside the range may have moved. Unlike `check_versions`, this cannot
+    be downgraded to a warning: the patches cannot be installed at all.
+    """
+    result = report()
+    if result.ok:
+        cause = (
+            f"although the versions are supported ({result.describe()}): the "
+            "installation looks damaged; reinstall keras and tensorflow"
+        )
+    else:
+        pins = " ".join(
+            f"{name}=={version}" for name, version in VERIFIED_PAIRS["newest"].items()
+        )
+        cause = (
+            f"this Keras / TensorFlow pair is not supported ({result.describe()}); "
+            f'install a supported pair, e.g. `pip install "{pins}"`'
+        )
+    return UnsupportedVersionError(
+        "keras_replicator could not find the Keras / TensorFlow internals it "
+        f"patches ({type(error).__name__}: {error}), {cause}."
+    )

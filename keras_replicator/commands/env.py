@@ -24,10 +24,14 @@ def run(args) -> int:
     import tensorflow as tf
 
     import keras_replicator
-    from keras_replicator import _compat
 
     print(f"keras_replicator {keras_replicator.__version__}")
     print(f"python {platform.python_version()} on {platform.platform()}")
+    try:
+        from keras_replicator import _compat
+    except RuntimeError as error:  # UnsupportedVersionError: internals not found
+        print(f"supported range: {error}")
+        return 1
     report = _compat._versions.report()
     found = ", ".join(f"{name} {version}" for name, version in report.found.items())
     print(found)

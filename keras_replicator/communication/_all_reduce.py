@@ -43,8 +43,6 @@ from keras_replicator.communication import (
 )
 from keras_replicator.communication.options import AllReduceOptions
 
-_MB = 1e6
-
 
 def options_of(strategy) -> AllReduceOptions:
     """The strategy's all-reduce options; defaults for stock strategies."""
@@ -107,7 +105,7 @@ def all_reduce_sum(
     divided = set()
     # Float32 / float64 first: their first bucket carries the exact scalars.
     buckets = _buckets.plan_by_dtype(
-        [gradients[i] for i in dense], options.resolved_bucket_mb() * _MB
+        [gradients[i] for i in dense], options.resolved_bucket_bytes()
     )
     for bucket in buckets:
         indices = [dense[j] for j in bucket]

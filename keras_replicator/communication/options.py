@@ -182,6 +182,10 @@ class AllReduceOptions:
         """The bucket size in use: `bucket_mb`, or the tuned default if `None`."""
         return DEFAULT_BUCKET_MB if self.bucket_mb is None else float(self.bucket_mb)
 
+    def resolved_bucket_bytes(self) -> float:
+        """`resolved_bucket_mb()` in bytes (1 MB = 1e6 bytes), for bucket planning."""
+        return self.resolved_bucket_mb() * 1e6
+
 
 def validate(all_reduce) -> AllReduceOptions:
     """Returns `all_reduce` as options (`None` gives the defaults); checks its type."""

@@ -46,8 +46,6 @@ from keras_replicator.sharding import (
     _support,
 )
 
-_MB = 1e6
-
 
 def sharded_update_step(
     optimizer, grads, trainable_variables, learning_rate, declared=None
@@ -80,7 +78,7 @@ def sharded_update_step(
     grads, exact = _reduction.prepare_sum(grads, average, declared)
     options = _all_reduce.options_of(context.strategy)
     transport = _transport.transport_for(context.strategy, options, context)
-    buckets = _buckets.plan_by_dtype(grads, options.resolved_bucket_mb() * _MB)
+    buckets = _buckets.plan_by_dtype(grads, options.resolved_bucket_bytes())
     total = None
     carriers = _buckets.EXACT_CARRIERS
     if exact and not any(grads[b[0]].dtype in carriers for b in buckets):

@@ -72,12 +72,9 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
     @property
     def coordinator(self):
         """The `ClusterCoordinator` that schedules work on the workers (one per job)."""
-        state = _replicator_state.own_state(self)
-        if state.coordinator is None:
-            state.coordinator = (
-                tf.distribute.experimental.coordinator.ClusterCoordinator(self)
-            )
-        return state.coordinator
+        # One per strategy: TensorFlow keeps it on the strategy (a cache here, in
+        # the registry, would keep the strategy alive: the coordinator refers to it).
+        return tf.distribute.experimental.coordinator.ClusterCoordinator(self)
 
     @property
     def num_workers(self) -> int:

@@ -109,3 +109,35 @@ def test_a_strategy_refuses_an_unsupported_keras_unless_allowed():
     assert "found tensorflow" in out.stdout and "keras 3.10.0" in out.stdout
     assert "STARTED 2" in out.stdout
     assert "Upstream check: " in out.stdout  # its content depends on the Keras
+
+
+MOVED = textwrap.dedent(
+    """
+    import sys
+    import keras
+    keras.__version__ = "3.99.0"  # a release that moved a private module
+    import keras.src.callbacks
+    del keras.src.callbacks.progbar_logger  # `from ... import` now fails
+    sys.modules["keras.src.callbacks.progbar_logger"] = None
+    import keras_replicator as kr
+    try:
+        kr.MultiDeviceReplicator(num_replicas=2)
+    except RuntimeError as error:
+        print("REFUSED", type(error).__name__, error)
+    from keras_replicator import cli
+    print("ENV EXIT", cli.main(["env"]))
+    """
+)
+
+
+def test_a_keras_whose_internals_moved_gets_the_range_message_not_an_import_error():
+    # The patch modules import Keras' private modules when `_compat` is imported:
+    # the version message must come before (review of issue 35).
+    out = subprocess.run(
+        [sys.executable, "-c", MOVED], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED UnsupportedVersionError" in out.stdout, out.stdout
+    assert "could not find the Keras / TensorFlow internals" in out.stdout
+    assert "keras 3.99.0" in out.stdout and "not supported" in out.stdout
+    assert "ENV EXIT 1" in out.stdout

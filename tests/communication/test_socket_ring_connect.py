@@ -238,3 +238,39 @@ def test_the_fallback_warning_names_the_strangers(threads_as_workers, monkeypatc
     assert len(worker_1) == 1, fallback
     assert "worker 0 did not connect and prove the job's secret" in worker_1[0]
     assert "admit only the job's hosts" in worker_1[0]
+
+
+def test_a_listener_that_cannot_prove_the_secret_fails_at_once():
+    # The connecting side connects again only when its connection is dropped
+    # before the proof (a flood); a listener that answers with a wrong proof is
+    # an impostor, and waiting out the connect timeout would only hide that.
+    impostor = socket.socket()
+    impostor.bind(("127.0.0.1", 0))
+    impostor.listen(8)
+    accepted = []
+
+    def answer_wrongly():
+        while True:
+            try:
+                connection, _ = impostor.accept()
+            except OSError:
+                return
+            accepted.append(connection)
+            connection.sendall(_handshake.greeting()[0])
+            connection.recv(_handshake.REPLY_SIZE)
+            connection.sendall(bytes(32))
+
+    threading.Thread(target=answer_wrongly, daemon=True).start()
+    right = [127.0, 0.0, 0.0, 1.0, float(impostor.getsockname()[1])]
+    start = time.monotonic()
+    try:
+        with pytest.raises(_handshake.HandshakeError, match="did not prove"):
+            _setup._connect_proven(
+                right, b"s" * 32, 0, 2, 10.0, time.monotonic() + 10.0
+            )
+        assert time.monotonic() - start < 2.0
+        assert len(accepted) == 1
+    finally:
+        impostor.close()
+        for connection in accepted:
+            connection.close()

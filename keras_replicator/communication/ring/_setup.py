@@ -176,7 +176,10 @@ def _connect_proven(right, secret: bytes, rank: int, size: int, wait: float, dea
                 send, secret, rank, (rank + 1) % size, deadline
             )
             return send
-        except ConnectionError:
+        except _handshake.HandshakeError:  # a listener without the secret: no retry
+            send.close()
+            raise
+        except ConnectionError:  # closed before the proof: dropped, connect again
             send.close()
             if time.monotonic() + 0.05 >= give_up_at:
                 raise
