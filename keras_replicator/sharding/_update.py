@@ -83,7 +83,7 @@ def sharded_update_step(
     carriers = _buckets.EXACT_CARRIERS
     if exact and not any(grads[b[0]].dtype in carriers for b in buckets):
         # No bucket can carry the counts exactly: they travel first, alone.
-        (total,) = context.all_reduce(tf.distribute.ReduceOp.SUM, exact)
+        total = _exchange.sum_small(transport, exact[0])
     rule = _norm_rules.rule_for(_support.updating_optimizer(optimizer))
     replica = context.replica_id_in_sync_group
     num_replicas = context.num_replicas_in_sync

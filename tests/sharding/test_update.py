@@ -240,3 +240,18 @@ def test_compressed_wire_keeps_the_sample_count_exact():
         model.fit(x, y, batch_size=514, epochs=3, verbose=0, shuffle=False)
         runs.append(model)
     t.assert_same_training(*runs, 1e-7)
+
+
+def test_counts_travel_alone_when_no_bucket_can_carry_them():
+    # float16 weights: no float32/float64 bucket carries the sample count, so it
+    # is summed on its own, through the same transport, before the buckets.
+    def run(replicas, shard):
+        model = t.model_in(
+            t.strategy(replicas, shard),
+            lambda: keras.optimizers.SGD(0.1),
+            dtype="float16",
+        )
+        return t.weights(t.fit(model, epochs=1, dtype="float16"))
+
+    unsharded, sharded = run(2, False), run(2, True)
+    assert t.max_difference(unsharded, sharded) == 0.0
