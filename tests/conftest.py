@@ -69,6 +69,11 @@ RUN_IN_TEST_SLOW = {
     "testing/test_conformance.py::test_local_strategy_passes[multi-device-4": (
         "the same checks on multi-device-2 and multi-worker-2"
     ),
+    "launch/test_data_service.py::test_launched_workers_train_from_the_service_and_"
+    "share_each_epoch": "data/test_service.py (the service, in process)",
+    "spatial/test_partition.py::test_image_shaped_outputs_are_tiled_and_stitched": (
+        "spatial/test_unet.py (a segmentation map, tiled and stitched)"
+    ),
     "launch/test_cluster.py::test_two_slurm_tasks_launch_one_worker_each": (
         "test_slurm_mode_resolves_this_tasks_tf_config"
     ),
@@ -79,6 +84,7 @@ RUN_IN_TEST_SLOW.update(
         f"{_CLIENTS}[{name}]": "the other clients of the same guide"
         for name in (
             "tf_custom_training_iterators",
+            "tf_keras_fit_with_callbacks",
             "tf_save_and_load_saved_model",
             "kerasio_train_step_lower_level",
             "kerasio_train_step_sample_weight",
