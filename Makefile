@@ -57,7 +57,7 @@ bench: install
 # The oldest and newest supported TensorFlow / Keras pairs (docs/compat.md), each
 # in its own virtualenv (.venv-oldest: constraints/oldest.txt; .venv-newest:
 # constraints/dev.txt): tests/test_compat.py, tests/_compat/ and the conformance
-# suite on our strategies. Not part of `make test` or CI (about an hour on 2 cores).
+# suite on our strategies. Not part of `make test` or CI (about 10 minutes a pair on 2 cores).
 COMPAT_FACTORIES := multi-device-2,multi-device-4,multi-worker-2
 
 compat-range:
