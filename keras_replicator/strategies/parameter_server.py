@@ -72,8 +72,7 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
     @property
     def coordinator(self):
         """The `ClusterCoordinator` that schedules work on the workers (one per job)."""
-        # One per strategy: TensorFlow keeps it on the strategy (a cache here, in
-        # the registry, would keep the strategy alive: the coordinator refers to it).
+        # One per strategy: TensorFlow keeps it on the strategy, so no cache here.
         return tf.distribute.experimental.coordinator.ClusterCoordinator(self)
 
     @property

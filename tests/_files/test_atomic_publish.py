@@ -17,25 +17,18 @@ import pytest
 
 from keras_replicator._files import atomic_publish as publish
 from keras_replicator._files import leftovers, links
+from tests._files._writers import write_text
 
 REAL_REPLACE = os.replace
 # The checkout holding `keras_replicator`, for the killed writer's imports.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(publish.__file__)))
 
 
-def _write_text(text):
-    def write(path):
-        with open(path, "w") as file:
-            file.write(text)
-
-    return write
-
-
 def _write_directory(version):
     def write(path):
         os.makedirs(os.path.join(path, "variables"))
-        _write_text(version)(os.path.join(path, "saved_model.pb"))
-        _write_text(version)(os.path.join(path, "variables", "data"))
+        write_text(version)(os.path.join(path, "saved_model.pb"))
+        write_text(version)(os.path.join(path, "variables", "data"))
 
     return write
 
@@ -80,7 +73,7 @@ def test_saving_to_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path):
     link = tmp_path / "latest.keras"
     link.symlink_to(os.path.join("runs", "run1.keras"))
 
-    publish.write_atomically(str(link), _write_text("new"))
+    publish.write_atomically(str(link), write_text("new"))
     assert link.is_symlink() and os.readlink(link) == os.path.join("runs", "run1.keras")
     assert target.read_text() == "new" and link.read_text() == "new"
     assert sorted(os.listdir(tmp_path)) == ["latest.keras", "runs"]
@@ -100,7 +93,7 @@ def test_saving_a_directory_through_a_symlink(tmp_path):
 def test_a_dangling_symlink_creates_its_target(tmp_path):
     link = tmp_path / "latest.weights.h5"
     link.symlink_to("first.weights.h5")
-    publish.write_atomically(str(link), _write_text("x"))
+    publish.write_atomically(str(link), write_text("x"))
     assert link.is_symlink() and (tmp_path / "first.weights.h5").read_text() == "x"
 
 
@@ -108,7 +101,7 @@ def test_a_symlink_loop_is_a_clear_error(tmp_path):
     (tmp_path / "a").symlink_to("b")
     (tmp_path / "b").symlink_to("a")
     with pytest.raises(OSError, match="symlink that never reaches a file"):
-        publish.write_atomically(str(tmp_path / "a"), _write_text("x"))
+        publish.write_atomically(str(tmp_path / "a"), write_text("x"))
     assert (tmp_path / "a").is_symlink() and (tmp_path / "b").is_symlink()
 
 
@@ -176,13 +169,13 @@ def test_a_file_never_replaces_a_directory(tmp_path):
     target = tmp_path / "m.keras"
     publish.write_atomically(str(target), _write_directory("v1"))
     with pytest.raises(IsADirectoryError, match="never removes a directory"):
-        publish.write_atomically(str(target), _write_text("zipped"))
+        publish.write_atomically(str(target), write_text("zipped"))
     assert _version(target) == "v1" and _leftovers(tmp_path) == []
 
 
 def test_a_directory_replaces_a_file(tmp_path):
     target = tmp_path / "m.keras"
-    publish.write_atomically(str(target), _write_text("zipped"))
+    publish.write_atomically(str(target), write_text("zipped"))
     publish.write_atomically(str(target), _write_directory("v2"))
     assert _version(target) == "v2" and _leftovers(tmp_path) == []
 
@@ -212,7 +205,7 @@ def test_a_strangers_link_in_a_shared_directory_is_not_followed(tmp_path):
     victim.write_text("precious")
     _plant(shared / "best.weights.h5", victim)
     with pytest.raises(PermissionError, match="owned by uid 4321"):
-        publish.write_atomically(str(shared / "best.weights.h5"), _write_text("w"))
+        publish.write_atomically(str(shared / "best.weights.h5"), write_text("w"))
     assert victim.read_text() == "precious"
     assert _leftovers(tmp_path) == [] and _leftovers(shared) == []
 
@@ -229,7 +222,7 @@ def test_a_dangling_link_in_a_strangers_directory_creates_nothing(tmp_path):
     _plant(backup / "training_metadata.json", private / "planted")
     with pytest.raises(PermissionError, match="owned by uid 4321"):
         publish.write_atomically(
-            str(backup / "training_metadata.json"), _write_text("{}")
+            str(backup / "training_metadata.json"), write_text("{}")
         )
     assert os.listdir(private) == []
 
@@ -246,7 +239,7 @@ def test_a_link_to_a_directory_never_gets_it_removed(tmp_path):
     _plant(backup / "training_metadata.json", tree)
     with pytest.raises(PermissionError):
         publish.write_atomically(
-            str(backup / "training_metadata.json"), _write_text("{}")
+            str(backup / "training_metadata.json"), write_text("{}")
         )
     assert (tree / "sub" / "data").read_text() == "keep"
 
@@ -257,7 +250,7 @@ def test_our_own_link_in_a_directory_others_can_write_is_not_followed(tmp_path):
     shared.chmod(0o777)  # writable by all, not sticky: anyone may swap the link
     (shared / "latest.keras").symlink_to(tmp_path / "run.keras")
     with pytest.raises(PermissionError, match="writable by other users"):
-        publish.write_atomically(str(shared / "latest.keras"), _write_text("x"))
+        publish.write_atomically(str(shared / "latest.keras"), write_text("x"))
     assert not (tmp_path / "run.keras").exists()
 
 
@@ -266,7 +259,7 @@ def test_our_own_link_in_a_sticky_directory_is_followed(tmp_path):
     shared.mkdir()
     shared.chmod(0o1777)
     (shared / "latest.keras").symlink_to(tmp_path / "run.keras")
-    publish.write_atomically(str(shared / "latest.keras"), _write_text("x"))
+    publish.write_atomically(str(shared / "latest.keras"), write_text("x"))
     assert (tmp_path / "run.keras").read_text() == "x"
 
 
@@ -360,10 +353,10 @@ def test_another_save_in_this_process_keeps_a_staging_directory_in_use(tmp_path)
     target = tmp_path / "model.keras"
 
     def slow_write(staged):
-        _write_text("first")(staged)
+        write_text("first")(staged)
         # A second save of the same path (another thread, spelled differently)
         # starts while this one is still writing.
-        publish.write_atomically(os.path.relpath(target), _write_text("second"))
+        publish.write_atomically(os.path.relpath(target), write_text("second"))
         assert open(staged).read() == "first"
 
     publish.write_atomically(str(target), slow_write)
@@ -378,7 +371,7 @@ def test_a_250_character_name_can_be_saved(tmp_path, monkeypatch, kind):
     # Before: ENAMETOOLONG from the staging suffix appended to the name.
     target = tmp_path / ("m" * 244 + ".keras")
     assert len(target.name) == 250
-    write = _write_text if kind == "file" else _write_directory
+    write = write_text if kind == "file" else _write_directory
     for version in ("v1", "v2"):
         publish.write_atomically(str(target), write(version))
     _without_exchange(monkeypatch)  # the holder path too

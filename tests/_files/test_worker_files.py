@@ -19,6 +19,7 @@ import keras_replicator as kr
 from keras_replicator._files import worker_files
 from keras_replicator.launch import launch, run_workers
 from keras_replicator.testing import _workloads
+from tests._files._writers import write_text
 
 
 def _stub_model(chief, task_id):
@@ -28,20 +29,12 @@ def _stub_model(chief, task_id):
     return types.SimpleNamespace(distribute_strategy=strategy)
 
 
-def _write_text(text):
-    def write(path):
-        with open(path, "w") as file:
-            file.write(text)
-
-    return write
-
-
 def test_write_atomically_replaces_a_file_in_one_step(tmp_path):
     path = str(tmp_path / "a.json")
-    worker_files.write_atomically(path, _write_text("old"))
+    worker_files.write_atomically(path, write_text("old"))
 
     def dies_halfway(staged):
-        _write_text("half")(staged)
+        write_text("half")(staged)
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError, match="killed"):
@@ -60,7 +53,7 @@ def test_write_atomically_publishes_shards_before_their_index(tmp_path, monkeypa
     def sharded(staged):
         directory = os.path.dirname(staged)
         for name in ("m_00001.weights.h5", "m_00000.weights.h5", "m.weights.json"):
-            _write_text(name)(os.path.join(directory, name))
+            write_text(name)(os.path.join(directory, name))
 
     monkeypatch.setattr(worker_files.os, "replace", recording_replace)
     # Asked for `.weights.h5`, Keras writes the sharded index as `.weights.json`.
@@ -81,7 +74,7 @@ def test_write_atomically_replaces_a_directory_as_a_whole(tmp_path):
 
     def export(staged):
         os.makedirs(os.path.join(staged, "variables"))
-        _write_text("new")(os.path.join(staged, "saved_model.pb"))
+        write_text("new")(os.path.join(staged, "saved_model.pb"))
 
     worker_files.write_atomically(str(target), export)
     assert sorted(os.listdir(target)) == ["saved_model.pb", "variables"]
@@ -93,7 +86,7 @@ def test_a_non_chief_writes_to_scratch_only(tmp_path):
 
     def write(path):
         written.append(path)
-        _write_text("x")(path)
+        write_text("x")(path)
 
     target = str(tmp_path / "model.keras")
     worker_files.save_for_worker(_stub_model(False, 1), target, write)
@@ -106,13 +99,13 @@ def test_a_non_chief_writes_to_scratch_only(tmp_path):
 def test_a_non_chief_publishes_a_direct_single_file_save(tmp_path):
     # Save-then-load on every worker must work without a shared disk.
     target = tmp_path / "model.keras"
-    worker_files.save_model_file(_stub_model(False, 1), target, _write_text("x"))
+    worker_files.save_model_file(_stub_model(False, 1), target, write_text("x"))
     assert os.listdir(tmp_path) == ["model.keras"]
     assert target.read_text() == "x"
 
     def write_directory(path):
         os.makedirs(path)
-        _write_text("y")(os.path.join(path, "saved_model.pb"))
+        write_text("y")(os.path.join(path, "saved_model.pb"))
 
     exported = tmp_path / "exported"
     worker_files.save_model_file(_stub_model(False, 1), exported, write_directory)
