@@ -1,4 +1,4 @@
-"""What does a distributed `fit` step cost over a plain Keras step? (issue 23)
+"""What does a distributed `fit` step cost over a plain Keras step? (issues 23, 36)
 
 Each arm trains in fresh processes, arms interleaved round by round, so the
 machine's drift hits all of them alike; each number is the median over rounds of
@@ -6,27 +6,54 @@ the median interval between batches after the first 10 (steady state). Time to
 first step (from `fit` to the end of the first batch: tracing, iterator set-up,
 the first all-reduce) is reported separately.
 
-Arms, at global batch 256:
+Every row is reported against its same-run ceiling, so the targets do not depend
+on the machine's speed (issue 36):
+
+* one-process arms (`plain`, `stock 1 device`, `ours 1 device`): `step / plain`,
+  the step time over `plain`'s (lower is better; target: ours 1 device <= 1.05);
+* two-process arms: `speed / 2 plain`, examples/s over `2 plain processes`'
+  (higher is better; target: ours 2 workers >= 0.90 for the MLPs, >= 0.95 for
+  ResNet-20);
+* time to first step on 2 workers / ours 1 device's: target <= 1.2.
+
+Arms, at each model's global batch:
 
 * `plain`: Keras `fit` with no strategy, one process with 2 threads (the
-  baseline every ratio is against);
+  one-process ceiling);
 * `stock 1 device` / `ours 1 device`: `tf.distribute.MirroredStrategy(["/cpu:0"])`
   / `kr.MultiDeviceReplicator(devices=["/cpu:0"])`, same process shape;
 * `ours 2 workers`: `kr.MultiWorkerReplicator()` (socket ring, 16 MB buckets), 2
-  processes with 1 thread each on 127.0.0.1, 128 examples each;
+  processes with 1 thread each on 127.0.0.1, half the global batch each;
 * `stock 2 workers`: TensorFlow's own collectives with stock packing (one pack),
   `kr.AllReduceOptions(transport="collective", bucket_mb=0)`, same processes.
   Stock Keras `fit` on `tf.distribute.MultiWorkerMirroredStrategy` itself does not
   run (keras-team/keras#20585: "Attempt to convert a value (PerReplica...)"), so
   stock's communication is measured under our Keras integration;
-* `2 plain processes`: two plain `fit`s of 128 examples at the same time, no
-  communication: the ceiling of any data-parallel transport on these cores.
+* `2 plain processes`: two plain `fit`s of half the global batch at the same
+  time, no communication: the ceiling of any data-parallel transport on these
+  cores.
 
-    python benchmarks/step_overhead.py [--rounds 3] [--models mlp resnet20]
-        [--png benchmarks/step_overhead.png]
+    python benchmarks/step_overhead.py [--rounds 3]
+        [--models mlp small_mlp resnet20] [--arms ARM ...] [--diagnose]
+        [--json PATH] [--png benchmarks/step_overhead.png]
 
-Models: the 6.3M-parameter MLP of `allreduce.py --fit` (25 MB of gradients a step,
-communication-bound on 2 workers) and ResNet-20 on 32x32x3 (compute-bound).
+`--arms` runs a subset (`plain` and `2 plain processes` are always added: every
+ratio needs them). `--diagnose` adds, per arm (worker 0's process on 2 workers),
+the median `train_function` call per batch and the Keras loop between calls (from
+`on_train_batch_begin/end` stamps), and the CPU time per steady step of each
+thread group (`/proc/self/task/*/stat`, grouped by thread name), which shows
+background threads' cost that op-time profiles miss. `--json` keeps every
+round's raw numbers, every ratio, the medians and each target's met/missed.
+One arm's process is `_step_overhead_arm.py`; the tables and the plot are
+`_step_overhead_report.py`.
+
+Models:
+
+* `mlp`: the 6.3M-parameter MLP 784-2048-2048-256-10 of `allreduce.py --fit`,
+  global batch 256 (25 MB of gradients a step, communication-bound on 2 workers);
+* `small_mlp`: 784-2048-2048-1024-10, global batch 128 (~7.9M parameters, ~32 MB
+  of gradients): a short step, where fixed per-step costs show;
+* `resnet20`: ResNet-20 on 32x32x3, global batch 256 (compute-bound).
 """
 
 from __future__ import annotations
@@ -37,13 +64,22 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# This benchmark's modules (`_step_overhead_*.py`) sit next to this script.
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
-GLOBAL_BATCH = 256
-STEADY_AFTER = 10
-STEPS = {"mlp": 40, "resnet20": 24}
+from _step_overhead_arm import (
+    GLOBAL_BATCH,
+    STEADY_AFTER,
+    STEPS,
+    TWO_PROCESS_ARMS,
+    run_arm,
+)
+from _step_overhead_arm import build_model as build_model  # for callers
+from _step_overhead_report import plot, report, report_diagnose
+
+MODELS = ("mlp", "small_mlp", "resnet20")
 ARMS = (
     "plain",
     "stock 1 device",
@@ -52,88 +88,25 @@ ARMS = (
     "stock 2 workers",
     "2 plain processes",
 )
-TWO_PROCESS_ARMS = ("ours 2 workers", "stock 2 workers", "2 plain processes")
+CEILINGS = ("plain", "2 plain processes")
+# Issue 36's targets: ours 1 device's step / plain's; ours 2 workers' speed / 2
+# plain processes'; ours 2 workers' first step / ours 1 device's.
+ONE_DEVICE_TARGET = 1.05
+TWO_WORKER_TARGET = {"mlp": 0.90, "small_mlp": 0.90, "resnet20": 0.95}
+FIRST_STEP_TARGET = 1.2
 
 
-def build_model(keras, name: str):
-    if name == "mlp":
-        return keras.Sequential(
-            [
-                keras.Input((784,)),
-                keras.layers.Dense(2048, activation="relu"),
-                keras.layers.Dense(2048, activation="relu"),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(10),
-            ]
-        )
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _allreduce_fit import resnet20
-
-    return resnet20(keras)
+def ceiling_of(arm: str) -> str:
+    return "2 plain processes" if arm in TWO_PROCESS_ARMS else "plain"
 
 
-def run_arm(arm: str, model_name: str) -> None:
-    """One process of one arm: trains and prints `RESULT {json}` (worker 0)."""
-    import tensorflow as tf
-
-    threads = 1 if arm in TWO_PROCESS_ARMS else 2
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
-    import keras
-    import numpy as np
-
-    import keras_replicator as kr
-
-    strategy = {
-        "plain": tf.distribute.get_strategy,
-        "2 plain processes": tf.distribute.get_strategy,
-        "stock 1 device": lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
-        "ours 1 device": lambda: kr.MultiDeviceReplicator(devices=["/cpu:0"]),
-        "ours 2 workers": kr.MultiWorkerReplicator,
-        "stock 2 workers": lambda: kr.MultiWorkerReplicator(
-            all_reduce=kr.AllReduceOptions(transport="collective", bucket_mb=0)
-        ),
-    }[arm]()
-    # The dataset's batch is the global batch (tf.distribute splits it between
-    # workers); two plain processes each train on half of it.
-    batch = GLOBAL_BATCH // 2 if arm == "2 plain processes" else GLOBAL_BATCH
-    shape = (784,) if model_name == "mlp" else (32, 32, 3)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch * STEPS[model_name], *shape)).astype("float32")
-    y = rng.integers(0, 10, len(x))
-    with strategy.scope():
-        model = build_model(keras, model_name)
-        model.compile(
-            keras.optimizers.SGD(0.01),
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    stamps: list[float] = []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
-
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-    if arm in ("ours 2 workers", "stock 2 workers"):
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.DATA
-        )
-        data = data.with_options(options)
-    start = time.perf_counter()
-    model.fit(data, epochs=1, verbose=0, callbacks=[Stamp()])
-    steady = [b - a for a, b in zip(stamps[STEADY_AFTER:], stamps[STEADY_AFTER + 1 :])]
-    if int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0")) == 0:
-        result = {"first_step": stamps[0] - start, "step": statistics.median(steady)}
-        print("RESULT " + json.dumps(result), flush=True)
-
-
-def measure(arm: str, model_name: str) -> dict:
+def measure(arm: str, model_name: str, steps: int, diagnose: bool) -> dict:
     """Runs one arm in fresh processes; returns worker 0's result."""
     from keras_replicator.launch import run_workers
 
     command = [sys.executable, os.path.abspath(__file__), "--arm", arm]
-    command += ["--model", model_name]
+    command += ["--model", model_name, "--steps", str(steps)]
+    command += ["--diagnose"] if diagnose else []
     if arm in TWO_PROCESS_ARMS:
         output = run_workers(command, 2, timeout=900, echo=False).workers[0].output
     else:
@@ -146,91 +119,185 @@ def measure(arm: str, model_name: str) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def benchmark(models, rounds: int) -> dict:
-    samples = {(m, a): [] for m in models for a in ARMS}
+def with_ceilings(arms) -> list[str]:
+    """`arms` plus the ceilings every ratio needs, in `ARMS` order."""
+    missing = [arm for arm in CEILINGS if arm not in arms]
+    if missing:
+        print(
+            f"--arms: adding the ceilings {missing} (every ratio is against them)",
+            file=sys.stderr,
+        )
+    return [arm for arm in ARMS if arm in arms or arm in missing]
+
+
+def benchmark(models, rounds: int, arms=ARMS, steps=None, diagnose=False) -> dict:
+    """Per (model, arm), the list of per-round results, interleaved round by round."""
+    samples = {model: {arm: [] for arm in arms} for model in models}
     for round_index in range(rounds):
         for model_name in models:
-            for arm in ARMS:
-                samples[(model_name, arm)].append(measure(arm, model_name))
+            for arm in arms:
+                result = measure(arm, model_name, steps or STEPS[model_name], diagnose)
+                samples[model_name][arm].append(result)
         print(f"round {round_index + 1} of {rounds} done", file=sys.stderr, flush=True)
-    table = {}
-    for (model_name, arm), results in samples.items():
-        speeds = [GLOBAL_BATCH / r["step"] for r in results]
-        table.setdefault(model_name, {})[arm] = {
-            "examples_per_s": statistics.median(speeds),
-            "first_step_s": statistics.median(r["first_step"] for r in results),
+    return samples
+
+
+def ratio_to_ceiling(arm: str, step: float, ceiling_step: float) -> float:
+    """`step / plain` for one-process arms, `speed / 2 plain` for two-process ones.
+
+    Both compare step times (the global batch is the same), one way round or the
+    other, so that each reads the way its target is stated.
+    """
+    if ceiling_of(arm) == "plain":
+        return step / ceiling_step
+    return ceiling_step / step
+
+
+def _median_of(results: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def summarize(samples: dict) -> dict:
+    """Medians, ratios to the ceilings and the targets, from `benchmark`'s samples.
+
+    Ratios are of the medians over rounds (the per-round ratios, each against the
+    same round's ceiling, are kept too). Speeds are global examples per second:
+    two processes that each take `step` seconds for half the global batch.
+    """
+    summary = {}
+    for model_name, arms in samples.items():
+        batch = GLOBAL_BATCH[model_name]
+        step = {arm: _median_of(results, "step") for arm, results in arms.items()}
+        first = {
+            arm: _median_of(results, "first_step") for arm, results in arms.items()
         }
-    return table
+        rows = {}
+        for arm, results in arms.items():
+            ceiling = ceiling_of(arm)
+            row = {
+                "ceiling": ceiling,
+                "ratio_kind": (
+                    "step / plain (lower is better)"
+                    if ceiling == "plain"
+                    else "speed / 2 plain processes (higher is better)"
+                ),
+                "step_s": step[arm],
+                "examples_per_s": batch / step[arm],
+                "first_step_s": first[arm],
+                "ratio_to_ceiling": ratio_to_ceiling(arm, step[arm], step[ceiling]),
+                "ratio_to_ceiling_per_round": [
+                    ratio_to_ceiling(arm, r["step"], c["step"])
+                    for r, c in zip(results, arms[ceiling])
+                ],
+                "speed_vs_plain": step["plain"] / step[arm],
+                "first_step_vs_ours_1_device": (
+                    first[arm] / first["ours 1 device"]
+                    if "ours 1 device" in first
+                    else None
+                ),
+                "per_round": {
+                    "step_s": [r["step"] for r in results],
+                    "first_step_s": [r["first_step"] for r in results],
+                },
+            }
+            if "call" in results[0]:
+                row["diagnose"] = _diagnose_medians(results)
+            rows[arm] = row
+        summary[model_name] = {
+            "global_batch": batch,
+            "arms": rows,
+            "targets": targets(model_name, rows),
+        }
+    return summary
 
 
-def report(table: dict) -> None:
-    for model_name, arms in table.items():
-        base = arms["plain"]
-        print(f"\n{model_name}, global batch {GLOBAL_BATCH}, steady state")
-        print(
-            f"{'arm':<18} {'examples/s':>11} {'step / plain':>13} "
-            f"{'speed / plain':>14} {'1st step s':>11} {'1st / plain':>12}"
-        )
-        for arm, row in arms.items():
-            speed = row["examples_per_s"]
-            print(
-                f"{arm:<18} {speed:>11,.0f} {base['examples_per_s'] / speed:>13.3f} "
-                f"{speed / base['examples_per_s']:>14.3f} {row['first_step_s']:>11.2f} "
-                f"{row['first_step_s'] / base['first_step_s']:>12.2f}"
-            )
-        speed = {arm: row["examples_per_s"] for arm, row in arms.items()}
-        first = {arm: row["first_step_s"] for arm, row in arms.items()}
-        print(
-            f"{model_name}: ours 1 device step = "
-            f"{speed['plain'] / speed['ours 1 device']:.3f}x plain (stock "
-            f"{speed['plain'] / speed['stock 1 device']:.3f}x); ours 2 workers = "
-            f"{speed['ours 2 workers'] / speed['plain']:.3f}x one process, "
-            f"{speed['ours 2 workers'] / speed['stock 2 workers']:.2f}x stock; "
-            "first step 2 workers / 1 device = "
-            f"{first['ours 2 workers'] / first['ours 1 device']:.2f}"
-        )
+DIAGNOSE_KEYS = ("call", "loop", "cpu_per_step", "cpu_per_step_by_name")
 
 
-def plot(table: dict, path: str) -> None:
-    import matplotlib
+def _diagnose_medians(results: list[dict]) -> dict:
+    groups = sorted({g for r in results for g in r["cpu_per_step"]})
+    return {
+        "call_s": _median_of(results, "call"),
+        "loop_s": _median_of(results, "loop"),
+        "cpu_s_per_step": {
+            g: statistics.median(r["cpu_per_step"].get(g, 0.0) for r in results)
+            for g in groups
+        },
+        "per_round": [
+            {key: r[key] for key in DIAGNOSE_KEYS if key in r} for r in results
+        ],
+    }
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(table), figsize=(6 * len(table), 4))
-    axes = axes if len(table) > 1 else [axes]
-    for axis, (model_name, arms) in zip(axes, table.items()):
-        base = arms["plain"]["examples_per_s"]
-        names = list(arms)
-        axis.barh(names, [arms[n]["examples_per_s"] / base for n in names])
-        axis.axvline(1.0, color="black", linewidth=0.8)
-        axis.invert_yaxis()
-        axis.set_xlabel("fit examples/s / plain Keras (one process, 2 threads)")
-        axis.set_title(f"{model_name}, global batch {GLOBAL_BATCH}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    print(f"wrote {path}")
+def targets(model_name: str, rows: dict) -> dict:
+    """Issue 36's targets on one model's rows; `None` where an arm was not run."""
+
+    def target(value, op, limit):
+        if value is None:
+            return {"value": None, "op": op, "limit": limit, "met": None}
+        met = value <= limit if op == "<=" else value >= limit
+        return {"value": value, "op": op, "limit": limit, "met": met}
+
+    def get(arm, key):
+        return rows[arm][key] if arm in rows else None
+
+    return {
+        "ours_1_device_step_vs_plain": target(
+            get("ours 1 device", "ratio_to_ceiling"), "<=", ONE_DEVICE_TARGET
+        ),
+        "ours_2_workers_speed_vs_2_plain_processes": target(
+            get("ours 2 workers", "ratio_to_ceiling"),
+            ">=",
+            TWO_WORKER_TARGET[model_name],
+        ),
+        "first_step_2_workers_vs_ours_1_device": target(
+            get("ours 2 workers", "first_step_vs_ours_1_device"),
+            "<=",
+            FIRST_STEP_TARGET,
+        ),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--models", nargs="+", default=["mlp", "resnet20"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--diagnose", action="store_true")
     parser.add_argument("--png", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps is not None and args.steps < STEADY_AFTER + 3:
+        parser.error(
+            f"`--steps` must be at least {STEADY_AFTER + 3} (steady state starts "
+            f"after batch {STEADY_AFTER}). Received: --steps={args.steps}."
+        )
     if args.arm:
-        run_arm(args.arm, args.model)
+        run_arm(args.arm, args.model, args.steps or STEPS[args.model], args.diagnose)
         return
-    table = benchmark(args.models, args.rounds)
-    report(table)
+    arms = with_ceilings(args.arms)
+    samples = benchmark(args.models, args.rounds, arms, args.steps, args.diagnose)
+    summary = summarize(samples)
+    report(summary)
+    if args.diagnose:
+        report_diagnose(summary)
     if args.json:
+        settings = {
+            "rounds": args.rounds,
+            "arms": arms,
+            "steps": {m: args.steps or STEPS[m] for m in args.models},
+            "steady_after": STEADY_AFTER,
+            "diagnose": args.diagnose,
+        }
         with open(args.json, "w") as file:
-            json.dump(table, file, indent=1)
+            json.dump({"settings": settings, "models": summary}, file, indent=1)
     if args.png:
-        plot(table, args.png)
+        plot(summary, args.png)
 
 
 if __name__ == "__main__":

@@ -108,6 +108,7 @@ UPSTREAM_DIGESTS = {
     **loss_scale.DIGESTS,
     **accumulation.DIGESTS,
     **saving.CHECKPOINT_DIGESTS,
+    **data.DIGESTS,
 }
 
 _PATCHED = (trainer, optimizer, loss_scale, accumulation, data, saving)

@@ -193,6 +193,15 @@ PATCHES: tuple[Patch, ...] = (
         "unequal worker shards stop workers after different step counts",
     ),
     *_patches(
+        "keras.src.backend.tensorflow.trainer.TFEpochIterator",
+        ("__init__",),
+        "data",
+        _KERAS,
+        "digest",
+        _NONE,
+        "one replica per worker pays the distributed iterator's per-step costs",
+    ),
+    *_patches(
         "keras.src.saving.saving_lib",
         ("save_model", "save_weights_only"),
         "saving",

@@ -1,6 +1,7 @@
-"""tf.data / distributed-dataset internals Keras reads: the epoch length.
+"""tf.data / distributed-dataset internals: the epoch length, how `fit` is fed.
 
-See `_patch_distributed_dataset_length` for why.
+See `_patch_distributed_dataset_length` and `_patch_epoch_iterator` for why;
+`worker_dataset` and `dataset_op_types` read what no public API exposes.
 """
 
 from __future__ import annotations
@@ -9,8 +10,17 @@ import inspect
 
 import tensorflow as tf
 
-from keras_replicator._compat._patching import replace_property_getter, unpatched
+from keras_replicator._compat._patching import (
+    changed_digests,
+    replace,
+    replace_property_getter,
+    unpatched,
+)
 from keras_replicator._compat.strategy import in_multi_worker_mode, is_replicator
+
+# Source digest of Keras' epoch iterator constructor, which `_patch_epoch_iterator`
+# stands in for under our strategies (keras==3.15.1; the same on 3.14.1).
+DIGESTS = {"TFEpochIterator.__init__": "901af2700297156f"}
 
 
 def check_upstream() -> dict[str, str]:
@@ -27,13 +37,92 @@ def check_upstream() -> dict[str, str]:
 
     if "self._strategy = strategy" not in inspect.getsource(input_lib):
         changed["input_lib DistributedDataset._strategy"] = "attribute renamed"
+    if "self._cloned_datasets.append(" not in inspect.getsource(
+        input_lib.DistributedDataset
+    ):
+        changed["DistributedDataset._cloned_datasets"] = "attribute renamed"
+    if not hasattr(tf.data.Dataset, "_as_serialized_graph"):
+        changed["Dataset._as_serialized_graph"] = "removed"
+    from keras.src.backend.tensorflow import trainer as _tf_trainer
+
+    changed.update(
+        changed_digests(
+            DIGESTS,
+            {
+                "TFEpochIterator.__init__": unpatched(
+                    _tf_trainer.TFEpochIterator.__init__
+                )
+            },
+        )
+    )
     return changed
 
 
 def install(hooks) -> None:
-    """Makes a distributed dataset's length unknown to Keras across workers."""
-    del hooks  # Nothing to ask: the answer only depends on the strategy.
+    """Makes a distributed dataset's length unknown to Keras across workers, and
+    lets `hooks.input_for_fit` choose what Keras' epoch iterator iterates."""
     _patch_distributed_dataset_length()
+    _patch_epoch_iterator(hooks)
+
+
+def worker_dataset(distributed):
+    """This worker's dataset inside a `tf.distribute.DistributedDataset`, or None.
+
+    The dataset TF built for this worker's only input device (auto-sharded and
+    rebatched, `DistributedDataset._cloned_datasets`; no public accessor): its
+    elements are the ones the distributed iterator would hand the one replica.
+    None when the worker has several input devices.
+    """
+    clones = getattr(distributed, "_cloned_datasets", None)
+    if clones is None or len(clones) != 1:
+        return None
+    return clones[0]
+
+
+def dataset_op_types(dataset) -> set[str]:
+    """The op types of `dataset`'s pipeline graph, function bodies included.
+
+    tf.data has no public way to ask what a pipeline reads; its serialized graph
+    (`Dataset._as_serialized_graph`, the graph TF's auto-sharding rewrites) says.
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    types = {node.op for node in graph.node}
+    for function in graph.library.function:
+        types.update(node.op for node in function.node_def)
+    return types
+
+
+def _patch_epoch_iterator(hooks):
+    # Keras' `TFEpochIterator` always wraps `fit`'s dataset with
+    # `experimental_distribute_dataset`. With one replica per worker the
+    # distributed iterator only adds per-step costs (a multi-device iterator with
+    # its own threads, a partial-batch `cond`, and across workers an end-of-data
+    # all-reduce every step: issue 36). Under our strategies `hooks.input_for_fit`
+    # decides what is iterated; the rest is Keras' constructor.
+    from keras.src.backend.tensorflow import trainer as _tf_trainer
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    def fed_by_hooks(original):
+        def __init__(self, distribute_strategy=None, *args, **kwargs):
+            if not is_replicator(distribute_strategy):
+                return original(self, distribute_strategy, *args, **kwargs)
+            EpochIterator.__init__(self, *args, **kwargs)
+            self._distribute_strategy = distribute_strategy
+            adapter = self.data_adapter
+            self._distributed_dataset = hooks.input_for_fit(
+                distribute_strategy,
+                adapter.get_tf_dataset(),
+                adapter.num_batches,
+                may_read_files=isinstance(adapter, TFDatasetAdapter),
+            )
+
+        return __init__
+
+    replace(_tf_trainer.TFEpochIterator, "__init__", fed_by_hooks)
 
 
 def _patch_distributed_dataset_length():

@@ -70,9 +70,11 @@ def all_reduce_sum(
             `transport` of `None` there means the strategy's transport. Defaults
             to `None`.
         divide_by_exact: Return the sums divided by the summed `exact[0]` (the
-            sample count), as `_division.divide`. On the socket ring the count
-            is then summed first, alone, and each bucket divides inside the ring
-            (`_division`). Defaults to False.
+            sample count), as `_division.divide`. On the socket ring the exact
+            scalars then ride in the first float32 / float64 bucket's call, which
+            returns their sums, and each bucket divides inside the ring
+            (`_division`); alone, before any bucket, if there is no such bucket.
+            Defaults to False.
 
     Returns:
         `(summed_gradients, summed_exact)`: lists in the order given.
@@ -97,20 +99,27 @@ def all_reduce_sum(
     dense = [i for i in range(len(gradients)) if i not in sparse]
     summed: dict = {}
     summed_exact, total = None, None
-    if divide_by_exact and transport.divides and options.compression is None:
-        # The count first, alone (a few bytes): every bucket then divides its
-        # own chunk inside the transport.
-        summed_exact = tf.unstack(transport.all_reduce([tf.stack(pending_exact)])[0])
-        pending_exact, total = [], summed_exact[0]
     divided = set()
     # Float32 / float64 first: their first bucket carries the exact scalars.
     buckets = _buckets.plan_by_dtype(
         [gradients[i] for i in dense], options.resolved_bucket_bytes()
     )
+    counted = divide_by_exact and transport.divides and options.compression is None
+    first_dtype = gradients[dense[buckets[0][0]]].dtype if buckets else None
+    if counted and first_dtype not in _division.FUSED_DTYPES:
+        # No bucket the transport divides: the count first, alone (a few bytes).
+        summed_exact = tf.unstack(transport.all_reduce([tf.stack(pending_exact)])[0])
+        pending_exact, total, counted = [], summed_exact[0], False
     for bucket in buckets:
         indices = [dense[j] for j in bucket]
         members = [gradients[i] for i in indices]
         dtype = members[0].dtype
+        if counted:  # the first bucket: the count rides, every bucket divides
+            reduced, summed_exact = transport.all_reduce_counted(members, pending_exact)
+            pending_exact, total, counted = [], summed_exact[0], False
+            summed.update(zip(indices, reduced))
+            divided.update(indices)
+            continue
         carry = pending_exact if dtype in _buckets.EXACT_CARRIERS else []
         fused = total if dtype in _division.FUSED_DTYPES else None
         reduced, carried = reduce_bucket(
@@ -138,6 +147,72 @@ def all_reduce_sum(
             for i, g in enumerate(results)
         ]
     return results, list(summed_exact or [])
+
+
+def mean_over_replicas(values) -> list[tf.Tensor]:
+    """The mean over all replicas of float tensors (step logs); in a replica context.
+
+    Every replica gets the same bits. On the socket ring it is one ring call,
+    chained after the step's gradient buckets like any ring call, instead of a
+    gRPC collective at the tail of the step with nothing left to overlap (issue
+    36). The values travel as float64, whatever their dtypes (one call), and each
+    sum is rounded back to its value's dtype before the division by the number of
+    replicas in that dtype, the division of TensorFlow's MEAN. With two workers the
+    bits are the collectives': float64 holds the exact sum of two float32 (or
+    16-bit) values before the one rounding (53 >= 2 * 24 + 2 bits: the double
+    rounding is innocuous); with more, a sum may differ from TensorFlow's in the
+    last bit (the order of additions differs too). Elsewhere, TensorFlow's
+    batched MEAN all-reduce, one per dtype (its batch concatenates the values).
+
+    Args:
+        values: Float tensors of any shapes and float dtypes.
+
+    Returns:
+        The means, in the order and dtypes given.
+    """
+    context = tf.distribute.get_replica_context()
+    strategy = tf.distribute.get_strategy()
+    options = options_of(strategy)
+    values = [tf.convert_to_tensor(v) for v in values]
+    if options.transport == "socket":
+        transport = _transport.transport_for(strategy, options, context)
+        with tf.control_dependencies(_ops_that_may_hold_ring_calls()):
+            sums = transport.all_reduce([tf.cast(v, tf.float64) for v in values])
+        replicas = context.num_replicas_in_sync
+        return [
+            tf.cast(s, v.dtype) / tf.cast(replicas, v.dtype)
+            for s, v in zip(sums, values)
+        ]
+    by_dtype: dict = {}
+    for i, value in enumerate(values):
+        by_dtype.setdefault(value.dtype, []).append(i)
+    means: list = [None] * len(values)
+    for indices in by_dtype.values():
+        group = [values[i] for i in indices]
+        reduced = context.all_reduce(tf.distribute.ReduceOp.MEAN, group)
+        for i, mean in zip(indices, reduced):
+            means[i] = mean
+    return means
+
+
+# Where an earlier ring call of the step may sit: its own op, or control flow or a
+# function call around it (Keras' gradient accumulation applies in a `tf.cond`).
+_RING_CALL_HOLDERS = frozenset(
+    {"PyFunc", "EagerPyFunc", "If", "Case", "While", "StatefulPartitionedCall"}
+)
+
+
+def _ops_that_may_hold_ring_calls() -> list:
+    """The current graph's ops that may run a ring call (none eagerly).
+
+    `_transport.ring_call` chains a graph's own ring calls in program order, but a
+    call inside a `tf.cond` branch is not in its graph's chain: the logs' call,
+    which comes after every other of the step, waits for these ops too.
+    """
+    if tf.executing_eagerly():
+        return []
+    graph = tf.compat.v1.get_default_graph()
+    return [op for op in graph.get_operations() if op.type in _RING_CALL_HOLDERS]
 
 
 def reduce_bucket(transport, members, exact, compression=None, total=None):

@@ -11,7 +11,8 @@ A `Transport` sums, scatters and gathers dense tensors inside a replica context:
 Two implement it. `SocketTransport` is our TCP ring (`MultiWorkerReplicator`, CPU
 workers): it reads a list of tensors as one message (`fuses`), divides by a count
 between its two phases (`divides`), and its reduce-scatter and all-gather are its
-own phases (`scatters`: each moves `1/N` of an all-reduce's bytes). The
+own phases (`scatters`: each moves `1/N` of an all-reduce's bytes); the sample
+counts ride in a bucket's own call (`all_reduce_counted`). The
 `CollectiveTransport` is TensorFlow's collectives (or `_hierarchy`'s sub-group
 sums): one flat buffer per call; its reduce-scatter is an all-reduce and a slice.
 
@@ -41,7 +42,9 @@ class Transport(Protocol):
     """What `_all_reduce` and `sharding/` ask of a transport (replica context)."""
 
     fuses: bool  # sums a list of tensors as one message, without a flat copy
-    divides: bool  # `all_reduce(..., divide_by=)` divides inside the transport
+    # `all_reduce(..., divide_by=)` divides inside the transport, and
+    # `all_reduce_counted(values, counts)` sums the counts in the same call
+    divides: bool
     scatters: bool  # reduce-scatter / all-gather move 1/N of an all-reduce each
 
     def all_reduce(self, values, divide_by=None) -> list[tf.Tensor]: ...
@@ -105,6 +108,24 @@ class SocketTransport:
 
         return ring_call(divided, values, shapes, "all_reduce", extra=[divide_by])
 
+    def all_reduce_counted(self, values, counts) -> tuple[list, list]:
+        """`all_reduce(values, divide_by=sum of counts[0])` and the summed counts.
+
+        The float32 `counts` ride in the same ring call (`SocketRing.all_reduce`),
+        not one of their own before it (issue 36).
+
+        Returns:
+            `(divided sums, summed counts)`: lists in the order given.
+        """
+        ring, counts = self._ring, tf.stack([tf.cast(c, tf.float32) for c in counts])
+
+        def counted(*arrays):
+            return ring.all_reduce(*arrays[:-1], counts=arrays[-1])
+
+        shapes = [v.shape for v in values] + [counts.shape]
+        *sums, total = ring_call(counted, [*values, counts], shapes, "all_reduce")
+        return sums, tf.unstack(total)
+
     def reduce_scatter(self, matrix) -> tf.Tensor:
         _, columns = matrix.shape
         (row,) = ring_call(
@@ -161,11 +182,31 @@ class CollectiveTransport:
         return self._context.all_gather(row[None, :], axis=0)
 
 
+def last_ring_call():
+    """The outputs of the current graph's last socket-ring call, or None.
+
+    A compiled loop makes the next step's data wait for it: a `tf.while_loop`
+    starts an iteration's ops as soon as their inputs are ready, and the ring's
+    program-order chaining holds within one iteration only.
+    """
+    if tf.executing_eagerly():
+        return None
+    return _LAST_RING_OP.get(tf.compat.v1.get_default_graph())
+
+
 def ring_call(function, values, shapes, name: str, extra=()) -> list[tf.Tensor]:
     """Runs a socket-ring call on `values` after the graph's previous ring call.
 
     Every worker traces the same program, so chaining each ring call on the
     previous one makes all workers send the same buffers in the same order.
+
+    No bytes are copied on the way in or out in a traced step (issue 36, checked
+    by pointer in `tests/communication/test_transport.py`): `tf.numpy_function`
+    hands `function` numpy views of the input tensors' own buffers (TensorFlow's
+    `TensorToNdarray` aliases every numeric tensor but a scalar), and adopts the
+    64-byte aligned arrays the ring returns. So `function` must not write to its inputs
+    nor keep them after returning. `tf.py_function` would copy every output.
+    Eagerly (`fit(run_eagerly=True)`), `tf.numpy_function` copies both ways.
 
     Args:
         function: A `SocketRing` method taking and returning numpy arrays.

@@ -11,6 +11,8 @@
   the rule over a gradient-accumulation cycle; `_wrap_optimizer`
   (`kr.wrap_optimizer`).
 - `_global_metrics`: exact global metric logs; `_sample_counter` (throughput).
+- `_fit_input`: what Keras' epoch iterator iterates (plain tf.data with one
+  replica per worker, else TF's distributed dataset).
 - `_validation`: early errors for misuse (model outside the scope, small batches).
 
 Who writes a file on several workers, and the atomic writes themselves, are

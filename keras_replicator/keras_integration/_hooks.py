@@ -20,6 +20,7 @@ from keras_replicator._files import backup, worker_files
 from keras_replicator.communication import _reduction
 from keras_replicator.keras_integration import (
     _accumulation,
+    _fit_input,
     _sample_count,
     _steps,
     _validation,
@@ -41,6 +42,10 @@ class KerasHooks:
     @staticmethod
     def make_predict_function(model):
         return _steps.make_predict_function(model)
+
+    # What Keras' epoch iterator iterates: plain tf.data with one replica per
+    # worker (`_compat/data.py`).
+    input_for_fit = staticmethod(_fit_input.input_for_fit)
 
     check_model_in_scope = staticmethod(_validation.check_model_in_scope)
     check_global_batch_size = staticmethod(_validation.check_global_batch_size)

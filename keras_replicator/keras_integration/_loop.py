@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_replicator.communication import _transport
+
 
 @tf.autograph.experimental.do_not_convert
 def run_loop(one_step, iterator, num_steps: int):
@@ -27,14 +29,26 @@ def run_loop(one_step, iterator, num_steps: int):
 
     def body(i, outputs, next_element):
         outputs = one_step(next_element.get_value())
-        next_element = tf.cond(
-            i + 1 < num_steps,
-            iterator.get_next_as_optional,
-            lambda: next_element,
-        )
+        # The next step's data waits for this step (its outputs and last ring
+        # call): a while loop runs iterations as their inputs are ready, so the
+        # next step's all-reduce could overtake this one's last ring call, and
+        # the socket ring pairs calls by their order.
+        with tf.control_dependencies(_after(outputs)):
+            next_element = tf.cond(
+                i + 1 < num_steps,
+                iterator.get_next_as_optional,
+                lambda: next_element,
+            )
         return i + 1, outputs, next_element
 
-    _, outputs, _ = tf.while_loop(
-        cond, body, (tf.constant(1), outputs, iterator.get_next_as_optional())
-    )
+    with tf.control_dependencies(_after(outputs)):
+        first = iterator.get_next_as_optional()
+    _, outputs, _ = tf.while_loop(cond, body, (tf.constant(1), outputs, first))
     return outputs
+
+
+def _after(outputs) -> list:
+    """What the next step's data waits for: `outputs` and the last ring call."""
+    last = _transport.last_ring_call()
+    tensors = [v for v in tf.nest.flatten(outputs) if tf.is_tensor(v)]
+    return tensors + ([last] if last is not None else [])

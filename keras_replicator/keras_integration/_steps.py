@@ -19,7 +19,8 @@ leaves stock strategies untouched. What each builder does differently:
 * ``jit_compile`` compiles each replica's forward and backward pass statelessly with
   XLA and keeps the all-reduce and the updates outside the compiled function;
 * per-replica logs are averaged across replicas and, on several workers, across
-  workers with one batched collective, so every worker logs the same numbers; when
+  workers (on the socket ring in the step's last ring call, else one collective
+  per dtype), so every worker logs the same numbers; when
   `CrossReplicaMetrics` asks, a variant of the step replaces metric logs with exact
   global-batch values (`_global_metrics`).
 """
@@ -34,6 +35,7 @@ from keras import tree
 
 from keras_replicator import _compat
 from keras_replicator._replicator_state import replicator_state
+from keras_replicator.communication import _all_reduce
 from keras_replicator.keras_integration import (
     _global_metrics,
     _loop,
@@ -195,17 +197,17 @@ def _mean_over_replicas(strategy, outputs):
 
 
 def _mean_over_workers(outputs):
-    """In a replica: averages float outputs over all replicas with one collective.
+    """In a replica: averages float outputs over all replicas.
 
     Only needed across workers, where the local mean would be one worker's view.
+    On the socket ring it is one ring call after the gradient buckets, else one
+    collective per dtype (`_all_reduce.mean_over_replicas`).
     """
     flat = tree.flatten(outputs)
     floats = [i for i, v in enumerate(flat) if tf.is_tensor(v) and _is_float(v)]
     if not floats:
         return outputs
-    means = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.MEAN, [tf.convert_to_tensor(flat[i]) for i in floats]
-    )
+    means = _all_reduce.mean_over_replicas([flat[i] for i in floats])
     for i, mean in zip(floats, means):
         flat[i] = mean
     return tree.pack_sequence_as(outputs, flat)

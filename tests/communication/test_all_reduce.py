@@ -235,3 +235,28 @@ def test_compressed_wires_keep_digits_accuracy():
     assert abs(accuracy["bf16"] - accuracy[None]) <= 0.005, accuracy
     assert abs(accuracy["fp16"] - accuracy[None]) <= 0.005, accuracy
     print(accuracy)
+
+
+def test_mean_over_replicas_of_mixed_dtypes_on_the_collectives():
+    # Step logs of several float dtypes (a float32 metric in a float64 model):
+    # TensorFlow's batched MEAN concatenates its values and failed on them.
+    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+
+    @tf.function
+    def means():
+        def replica():
+            context = tf.distribute.get_replica_context()
+            r = tf.cast(context.replica_id_in_sync_group, tf.float64) + 1.0
+            values = [r / 3, tf.cast(r / 7, tf.float32), tf.cast(r, tf.float16)]
+            return _all_reduce.mean_over_replicas(values)
+
+        return strategy.run(replica)
+
+    local = [strategy.experimental_local_results(v) for v in means()]
+    expected = [(1 / 3 + 2 / 3) / 2, (np.float32(1 / 7) + np.float32(2 / 7)) / 2, 1.5]
+    for replicas, value, dtype in zip(
+        local, expected, ["float64", "float32", "float16"]
+    ):
+        assert replicas[0].dtype == dtype
+        assert replicas[0].numpy().tobytes() == replicas[1].numpy().tobytes()
+        assert replicas[0].numpy() == np.asarray(value, dtype)

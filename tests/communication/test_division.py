@@ -81,3 +81,60 @@ def test_the_ring_divides_each_chunk_as_tensorflow_divides_the_sum(size, shared_
                 np.testing.assert_array_equal(out[r][i], expected)
             np.testing.assert_allclose(out[r][i], expected, rtol=1e-6, atol=1e-7)
             np.testing.assert_array_equal(out[r][i], out[0][i])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["sockets", "shm"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_counts_ride_in_the_call_with_the_bits_of_a_call_of_their_own(
+    size, shared_memory, dtype
+):
+    # Issue 36: the sample count used to be summed by a ring call of its own (a
+    # whole ring protocol for 4 bytes) before the first bucket could divide.
+    if shared_memory and size == 1:
+        pytest.skip("one worker has no link")
+    shapes = [(3, 5), (), (7,), (1,)]  # chunk borders inside arrays, tiny chunks
+    inputs = [
+        [
+            np.random.default_rng(10 * r + i).normal(size=s).astype(dtype)
+            for i, s in enumerate(shapes)
+        ]
+        for r in range(size)
+    ]
+    counts = [np.array([32.0 + r, 0.5 * r], np.float32) for r in range(size)]
+
+    def separately(r, ring):  # as before: the counts alone, then the bucket
+        (total,) = ring.all_reduce(counts[r])
+        calls = ring.calls
+        out = ring.all_reduce(*inputs[r], divide_by=total[0])
+        return out, total, ring.calls - calls
+
+    def together(r, ring):
+        calls = ring.calls
+        *out, total = ring.all_reduce(*inputs[r], counts=counts[r])
+        return out, total, ring.calls - calls
+
+    results = {}
+    for name, work in (("separately", separately), ("together", together)):
+        rings = _linked_rings(size) if shared_memory else _rings(size)
+        results[name], errors, _ = _together(rings, work)
+        assert not any(errors), errors
+    for r in range(size):
+        (old, old_total, _), (new, new_total, calls) = (
+            results["separately"][r],
+            results["together"][r],
+        )
+        assert calls == (1 if size > 1 else 0)
+        np.testing.assert_array_equal(new_total, old_total)
+        assert new_total.dtype == np.float32 and new_total.shape == (2,)
+        for a, b in zip(new, old, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a.tobytes(), b.tobytes())
+    expected_total = sum(c for c in counts)
+    np.testing.assert_array_equal(results["together"][0][1], expected_total)
+
+
+def test_counts_and_divide_by_are_one_choice():
+    (ring,) = _rings(1)
+    with pytest.raises(ValueError, match="Received: divide_by=2.0, counts="):
+        ring.all_reduce(np.ones(3, np.float32), divide_by=2.0, counts=[3.0])

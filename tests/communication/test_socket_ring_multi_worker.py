@@ -49,6 +49,6 @@ def test_workers_whose_gradients_differ_both_fail_at_once_naming_both():
             (s for s in worker.output.splitlines() if s.startswith("ERROR")), ""
         )
         assert "the buffers differ between workers" in line, worker.output[-2000:]
-        # 58 and 18 gradient values (the sample count went first, alone, so
-        # that the ring divides by it: communication/_division.py)
+        # 58 and 18 gradient values (the sample count rides in the same call,
+        # beside each chunk, and is not among the header's values: issue 36)
         assert "float32[58]" in line and "float32[18]" in line, line

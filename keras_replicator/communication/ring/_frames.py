@@ -41,7 +41,7 @@ class FrameMismatch(RuntimeError):
 _HEADER = struct.Struct("!4sQQQ16s16s4x")
 _MAGIC = b"KRc2"
 HEADER_SIZE = _HEADER.size
-OPERATIONS = ("all_reduce", "reduce_scatter", "all_gather")
+OPERATIONS = ("all_reduce", "reduce_scatter", "all_gather", "all_reduce_count")
 
 
 def header(call: int, dtype, elements: int, operation: str = "all_reduce") -> bytes:

@@ -64,6 +64,8 @@ class SocketRing:
 
     Attributes:
         bytes_sent: The payload bytes this worker has sent, headers excluded.
+        calls: The calls this worker has made (`all_reduce`, `reduce_scatter`,
+            `all_gather`; none with one worker): each is one ring protocol.
     """
 
     def __init__(self, rank: int, size: int, send, receive, timeout=None, link=None):
@@ -72,7 +74,7 @@ class SocketRing:
         self._send, self._receive = send, receive
         self._timeout = send.gettimeout() if timeout is None else timeout
         self._lock = threading.Lock()
-        self._calls = 0
+        self.calls = 0
         self._failure = None  # the first failure's description; the ring is dead
         self.bytes_sent = 0
 
@@ -149,10 +151,19 @@ class SocketRing:
             raise RuntimeError(f"The socket ring could not open: {error}") from error
         return cls(rank, size, send, receive, timeout, link)
 
-    def all_reduce(self, *arrays: np.ndarray, divide_by=None) -> list[np.ndarray]:
+    def all_reduce(
+        self, *arrays: np.ndarray, divide_by=None, counts=None
+    ) -> list[np.ndarray]:
         """Returns the sums over all workers of `arrays` (one dtype, any shapes).
 
         `divide_by`: divide the sums by it (float32 / float64; `_division`).
+
+        `counts`: float32 values (the sample counts) summed exactly alongside,
+        in the same call (issue 36: not a call of their own before it): each
+        chunk's message carries a copy, so after the reduce phase every worker
+        holds their sum beside its summed chunk and divides the chunk by the
+        summed `counts[0]` as `divide_by` would. Their sum is returned last
+        (a 1-D float32 array). Needs float32 / float64 `arrays`.
 
         The arrays are treated as one virtual flat buffer split into one chunk per
         worker; bytes go straight from and into the arrays (scatter-gather socket
@@ -160,9 +171,15 @@ class SocketRing:
         added in float32 (numpy has no vectorised float16 / bfloat16 arithmetic).
 
         Raises:
+            ValueError: `divide_by` and `counts` both given.
             RuntimeError: If the call fails (a peer died, hung past the collective
                 timeout, sent a different buffer) or an earlier one did.
         """
+        if divide_by is not None and counts is not None:
+            raise ValueError(
+                "`divide_by` and `counts` both say what to divide by; pass one. "
+                f"Received: divide_by={divide_by!r}, counts={counts!r}."
+            )
         flats = [a.reshape(-1) for a in arrays]
         results = [_frames.aligned_empty(f.size, f.dtype) for f in flats]
         dtype = flats[0].dtype if flats else np.dtype("float32")
@@ -172,30 +189,42 @@ class SocketRing:
                 r[...] = f
         bounds = [k * total // n for k in range(n + 1)]
         offsets = np.cumsum([0] + [f.size for f in flats])
+        slots = _count_slots(counts, n)  # (every chunk's copy, their sums) or None
 
-        def pieces(buffers, chunk):
+        def pieces(buffers, chunk, slot=None):
             lo, hi = bounds[chunk], bounds[chunk + 1]
             out = []
             for f, start in zip(buffers, offsets[:-1]):
                 a, b = max(lo, start), min(hi, start + f.size)
                 if a < b:
                     out.append(f[a - start : b - start])
+            if slot is not None:  # after the chunk: the arrays' alignment holds
+                out.append(slot[chunk])
             return out
+
+        own, summed = slots if slots is not None else (None, None)
 
         def work(header, deadline):
             # Partial sums arrive straight in the results' chunks (not yet used:
             # each chunk is visited once): no scratch buffer to allocate and
             # fault in. An empty buffer still sends its header: peers may differ.
-            into = lambda step, chunk: pieces(results, chunk)  # noqa: E731
-            self._reduce(lambda c: pieces(flats, c), into, header, deadline)
-            if divide_by is not None:
-                _division.divide_in_place(pieces(results, self.rank), divide_by)
-            self._gather(lambda c: pieces(results, c), None, deadline)
+            into = lambda step, chunk: pieces(results, chunk, summed)  # noqa: E731
+            mine = lambda chunk: pieces(flats, chunk, own)  # noqa: E731
+            self._reduce(mine, into, header, deadline)
+            divisor = divide_by if summed is None else summed[self.rank]
+            if divisor is not None:
+                _division.divide_in_place(pieces(results, self.rank), divisor)
+            self._gather(lambda c: pieces(results, c, summed), None, deadline)
 
-        self._call("all_reduce", dtype, total, work)
-        if n == 1 and divide_by is not None:
-            _division.divide_in_place(results, divide_by)
-        return [r.reshape(a.shape) for r, a in zip(results, arrays)]
+        operation = "all_reduce" if slots is None else "all_reduce_count"
+        self._call(operation, dtype, total, work)
+        if n == 1 and summed is not None:
+            summed[0][...] = own[0]
+        if n == 1 and (divide_by is not None or summed is not None):
+            divisor = divide_by if summed is None else summed[0]
+            _division.divide_in_place(results, divisor)
+        outputs = [r.reshape(a.shape) for r, a in zip(results, arrays)]
+        return outputs if summed is None else [*outputs, summed[0].copy()]
 
     def reduce_scatter(self, flat: np.ndarray) -> np.ndarray:
         """Returns chunk `rank` of the sum over all workers of `flat`.
@@ -263,8 +292,8 @@ class SocketRing:
                 )
             if self.size == 1:
                 return
-            self._calls += 1
-            header = _frames.header(self._calls, dtype, elements, operation)
+            self.calls += 1
+            header = _frames.header(self.calls, dtype, elements, operation)
             deadline = None
             if self._timeout is not None:
                 deadline = time.monotonic() + self._timeout
@@ -318,7 +347,7 @@ class SocketRing:
             cause = f"{error}: it died, or its call failed (its own error names why)"
         else:
             cause = f"{type(error).__name__}: {error}"
-        self._failure = f"call {self._calls} failed: {cause}."
+        self._failure = f"call {self.calls} failed: {cause}."
         _frames.shut_down(self._send, self._receive)
         for s in (self._send, self._receive):
             s.close()
@@ -346,3 +375,13 @@ def _vector(array, name: str, workers: int = 1) -> np.ndarray:
             f"to {-(-array.size // workers) * workers} values."
         )
     return np.ascontiguousarray(array)
+
+
+def _count_slots(counts, workers: int):
+    """`counts` copied once per chunk (float32) and room for each chunk's sums."""
+    if counts is None:
+        return None
+    counts = np.asarray(counts, np.float32).reshape(-1)
+    own = _frames.aligned_empty(workers * counts.size, np.float32).reshape(workers, -1)
+    own[...] = counts
+    return own, np.zeros_like(own)

@@ -1,0 +1,155 @@
+"""The pure helpers of benchmarks/step_overhead.py and its arm (fast, no training)."""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
+
+def _load(name, filename):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / filename)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("step_overhead_bench", "step_overhead.py")
+arm = _load("step_overhead_arm_bench", "_step_overhead_arm.py")
+report = _load("step_overhead_report_bench", "_step_overhead_report.py")
+
+
+def _round(step, first):
+    return {"step": step, "first_step": first}
+
+
+def _samples(model="small_mlp"):
+    # Two rounds; ms: plain 20, ours 1 device 20.8 (1.04x), ours 2 workers 25
+    # against 2 plain processes 20 (0.80x: missed), stock 2 workers 40.
+    rounds = {
+        "plain": [(0.020, 1.0), (0.020, 1.2)],
+        "stock 1 device": [(0.023, 2.0), (0.023, 2.0)],
+        "ours 1 device": [(0.0208, 2.0), (0.0208, 2.0)],
+        "ours 2 workers": [(0.025, 2.2), (0.026, 2.4)],
+        "stock 2 workers": [(0.040, 3.0), (0.040, 3.0)],
+        "2 plain processes": [(0.020, 0.9), (0.020, 0.9)],
+    }
+    return {model: {a: [_round(*r) for r in rs] for a, rs in rounds.items()}}
+
+
+def test_each_row_is_a_ratio_to_its_same_run_ceiling():
+    model = bench.summarize(_samples())["small_mlp"]
+    rows = model["arms"]
+    assert model["global_batch"] == 128
+    assert rows["ours 1 device"]["ceiling"] == "plain"
+    assert rows["ours 1 device"]["ratio_to_ceiling"] == pytest.approx(1.04)
+    assert rows["ours 2 workers"]["ceiling"] == "2 plain processes"
+    assert rows["ours 2 workers"]["ratio_to_ceiling"] == pytest.approx(0.020 / 0.0255)
+    assert rows["ours 2 workers"]["ratio_to_ceiling_per_round"] == pytest.approx(
+        [0.8, 0.020 / 0.026]
+    )
+    assert rows["2 plain processes"]["ratio_to_ceiling"] == pytest.approx(1.0)
+    assert rows["ours 2 workers"]["examples_per_s"] == pytest.approx(128 / 0.0255)
+    assert rows["ours 2 workers"]["first_step_vs_ours_1_device"] == pytest.approx(1.15)
+    assert rows["plain"]["per_round"]["first_step_s"] == [1.0, 1.2]
+
+
+def test_targets_say_met_or_missed():
+    found = bench.summarize(_samples())["small_mlp"]["targets"]
+    assert found["ours_1_device_step_vs_plain"]["met"] is True
+    assert found["ours_2_workers_speed_vs_2_plain_processes"]["met"] is False
+    assert found["ours_2_workers_speed_vs_2_plain_processes"]["limit"] == 0.90
+    assert found["first_step_2_workers_vs_ours_1_device"]["met"] is True
+    resnet = bench.summarize(_samples("resnet20"))["resnet20"]["targets"]
+    assert resnet["ours_2_workers_speed_vs_2_plain_processes"]["limit"] == 0.95
+
+
+def test_target_line_and_issue_23_line():
+    model = bench.summarize(_samples())["small_mlp"]
+    line = report.target_line("small_mlp", model)
+    assert line == (
+        "small_mlp targets: ours 1 device = 1.040x plain step (<= 1.05: met); "
+        "ours 2 workers = 0.784x of 2 plain processes (>= 0.9: MISSED); "
+        "first step 2 workers / ours 1 device = 1.15 (<= 1.2: met)"
+    )
+    old = report.continuity_line("small_mlp", model)
+    assert "ours 2 workers = 0.784x one process, 1.57x stock 2 workers" in old
+
+
+def test_a_subset_of_arms_gets_the_ceilings(capsys):
+    assert bench.with_ceilings(["ours 2 workers"]) == [
+        "plain",
+        "ours 2 workers",
+        "2 plain processes",
+    ]
+    assert "adding the ceilings" in capsys.readouterr().err
+    samples = _samples()
+    for name in ("stock 1 device", "ours 1 device", "stock 2 workers"):
+        del samples["small_mlp"][name]
+    model = bench.summarize(samples)["small_mlp"]
+    assert model["targets"]["ours_1_device_step_vs_plain"]["met"] is None
+    assert "ours 1 device = n/a" in report.target_line("small_mlp", model)
+    report.report(bench.summarize(samples))  # blank cells, no error
+
+
+def _thread(name, group, seconds):
+    return {"name": name, "group": group, "seconds": seconds}
+
+
+def test_cpu_per_step_counts_new_and_exited_threads():
+    before = {
+        "threads": {
+            "1": _thread("python", "python main", 1.0),
+            "2": _thread("tf_data_x", "tf_data", 0.5),
+        },
+        "total": 2.0,
+    }
+    after = {
+        "threads": {
+            "1": _thread("python", "python main", 1.4),
+            "3": _thread("tf_Compute", "tf_Compute", 0.3),
+        },
+        "total": 3.0,
+    }
+    groups = arm.cpu_per_step(before, after, steps=2)
+    assert groups["python main"] == pytest.approx(0.2)
+    assert groups["tf_Compute"] == pytest.approx(0.15)
+    assert groups["exited threads"] == pytest.approx(0.15)
+    assert groups["total"] == pytest.approx(0.5)
+    assert arm.cpu_per_step(before, after, 2, by="name")["python"] == pytest.approx(0.2)
+
+
+def test_thread_names_and_proc_stat_parsing():
+    assert arm.thread_group("python", is_main=True) == "python main"
+    assert arm.thread_group("tf_Compute", is_main=False) == "tf_Compute"
+    assert arm.thread_group("tf_data_private", is_main=False) == "tf_data"
+    assert arm.thread_group("grpc_global_tim", is_main=False) == "grpc"
+    assert arm.thread_group("python", is_main=False) == "unnamed"
+    assert arm.thread_group("collective_ops", is_main=False) == "collectives"
+    assert arm.thread_group("event_engine", is_main=False) == "grpc"
+    assert arm.thread_group("lifeguard", is_main=False) == "other"
+    stat = "42 (a (b) c) S " + " ".join(str(i) for i in range(4, 53))
+    assert arm._ticks(stat) == 14 + 15
+    now = arm.thread_cpu_seconds()
+    assert str(os.getpid()) in now["threads"]
+    assert now["total"] >= now["threads"][str(os.getpid())]["seconds"]
+
+
+def test_small_mlp_is_the_issue_36_model():
+    import keras
+
+    model = arm.build_model(keras, "small_mlp")
+    assert model.count_params() == 7_912_458  # ~7.9M, ~32 MB of float32 gradients
+    assert [layer.units for layer in model.layers] == [2048, 2048, 1024, 10]
+    assert arm.GLOBAL_BATCH["small_mlp"] == 128 and arm.STEPS["small_mlp"] == 60
+
+
+def test_plot_writes_one_panel_per_model(tmp_path):
+    pytest.importorskip("matplotlib")
+    summary = {**bench.summarize(_samples()), **bench.summarize(_samples("mlp"))}
+    report.plot(summary, str(tmp_path / "so.png"))
+    assert (tmp_path / "so.png").stat().st_size > 0
