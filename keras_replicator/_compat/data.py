@@ -82,13 +82,19 @@ def worker_dataset(distributed):
 def dataset_op_types(dataset) -> set[str]:
     """The op types of `dataset`'s pipeline graph, function bodies included.
 
+    Empty when the graph cannot be serialized (a GraphDef over 2 GB).
+
     tf.data has no public way to ask what a pipeline reads; its serialized graph
     (`Dataset._as_serialized_graph`, the graph TF's auto-sharding rewrites) says.
     """
     from tensorflow.core.framework import graph_pb2
 
+    try:
+        serialized = dataset._as_serialized_graph().numpy()
+    except (tf.errors.OpError, ValueError):  # over 2 GB, or unsaveable state
+        return set()
     graph = graph_pb2.GraphDef()
-    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    graph.ParseFromString(serialized)
     types = {node.op for node in graph.node}
     for function in graph.library.function:
         types.update(node.op for node in function.node_def)

@@ -13,13 +13,14 @@ across workers an all-reduce of "who still has data" before every step (issue
   auto-sharded, rebatched dataset the distributed iterator reads, so the same
   batches in the same order), iterated plainly, when every worker is known to
   get the same number of batches. TF's rebatching gives every worker one
-  (possibly empty) batch per global batch under `DATA` and `OFF` sharding, and
-  under `AUTO` when the pipeline reads no files (auto-sharding then falls back to
-  `DATA`). The global length must also be known (or infinite; Keras knows it
-  for arrays), so a pipeline whose length could differ between workers (an
-  unseeded `filter`) is not trusted; that also rules out the tf.data service,
-  whose length is unknown. Otherwise (file sharding, `HINT`, unknown length) the
-  workers may run out of data at different steps, and TF's distributed iterator,
+  (possibly empty) batch per global batch under `DATA` sharding, and under `AUTO`
+  when the pipeline reads no files (auto-sharding then falls back to `DATA`).
+  The global length must also be known (or infinite; Keras knows it for
+  arrays), so a pipeline whose length could differ between workers (an unseeded
+  `filter`) is not trusted; that also rules out the tf.data service, whose
+  length is unknown. Otherwise (`OFF`, which says the pipeline shards itself by
+  hand; file sharding; `HINT`; an unknown length) the workers may run out of
+  data at different steps, and TF's distributed iterator,
   which pads the exhausted ones, stays.
 
 Several replicas on a worker, a `tf.distribute.DistributedDataset` the user made,
@@ -34,18 +35,14 @@ from keras_replicator import _compat
 
 # Source datasets that make `AUTO` shard by files (TF's auto-shard rewrite looks
 # for these), and the tf.data service's reader: with them, worker counts may differ.
-_FILE_SOURCES = frozenset(
-    {
-        "ArrayRecordDataset",
-        "FixedLengthRecordDataset",
-        "FixedLengthRecordDatasetV2",
-        "RecordIODataset",
-        "SSTableDataset",
-        "TextLineDataset",
-        "TFRecordDataset",
-        "TFRecordDatasetV2",
-    }
-)
+_FILE_SOURCES = (
+    "ArrayRecordDataset",
+    "FixedLengthRecordDataset",
+    "RecordIODataset",
+    "SSTableDataset",
+    "TextLineDataset",
+    "TFRecordDataset",
+)  # prefixes: TF matches every version of these ops (`TFRecordDatasetV2`, ...)
 _SERVICE_PREFIX = "DataServiceDataset"
 _POLICY = tf.data.experimental.AutoShardPolicy
 
@@ -117,16 +114,20 @@ def same_batch_count_on_every_worker(
     if not known and num_batches is None:
         return False
     policy = dataset.options().experimental_distribute.auto_shard_policy
-    if policy not in (_POLICY.AUTO, _POLICY.DATA, _POLICY.OFF):
+    # `OFF` is how a pipeline that shards itself by hand says so: its workers'
+    # lengths may differ.
+    if policy not in (_POLICY.AUTO, _POLICY.DATA):
         return False
-    if policy != _POLICY.AUTO or not may_read_files:
+    if policy == _POLICY.DATA or not may_read_files:
         return True
     # The pipeline's graph (the arrays it holds included: TF's auto-sharding
     # serializes it too, when the iterator starts): readers, or the tf.data service.
     types = _compat.data.dataset_op_types(dataset)
-    if any(name.startswith(_SERVICE_PREFIX) for name in types):
+    if not types:  # not serializable (over 2 GB, or state it cannot save)
         return False
-    return not types & _FILE_SOURCES
+    return not any(
+        name.startswith(_FILE_SOURCES + (_SERVICE_PREFIX,)) for name in types
+    )
 
 
 def _one_replica_per_worker(strategy) -> bool:

@@ -48,7 +48,10 @@ def run_loop(one_step, iterator, num_steps: int):
 
 
 def _after(outputs) -> list:
-    """What the next step's data waits for: `outputs` and the last ring call."""
+    """What the next step's data waits for: with the socket ring, this step's
+    outputs and last ring call (the logs' mean, which waits for the others);
+    nothing otherwise (TensorFlow's collectives pair by key, not by order)."""
     last = _transport.last_ring_call()
-    tensors = [v for v in tf.nest.flatten(outputs) if tf.is_tensor(v)]
-    return tensors + ([last] if last is not None else [])
+    if last is None:
+        return []
+    return [v for v in tf.nest.flatten(outputs) if tf.is_tensor(v)] + [last]

@@ -39,8 +39,11 @@ def _fit(callback, dataset, strategy=None):
         model = keras.Sequential(
             [
                 keras.Input((32,)),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(256, activation="relu"),
+                # Wide enough that a step (a few ms) dwarfs a cached batch's
+                # delivery: with 256 units the two were close, and one window
+                # in a loaded run crossed the threshold.
+                keras.layers.Dense(1024, activation="relu"),
+                keras.layers.Dense(1024, activation="relu"),
                 keras.layers.Dense(2),
             ]
         )
