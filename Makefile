@@ -53,6 +53,7 @@ bench: install
 	$(PY) benchmarks/pipeline.py
 	$(PY) benchmarks/allreduce.py --fit
 	$(PY) benchmarks/async_ps.py
+	$(PY) benchmarks/machines.py --fit --json benchmarks/machines.json --png benchmarks/machines.png  # needs root
 
 # The oldest and newest supported TensorFlow / Keras pairs (docs/compat.md), each
 # in its own virtualenv (.venv-oldest: constraints/oldest.txt; .venv-newest:

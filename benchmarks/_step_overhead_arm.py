@@ -25,7 +25,13 @@ GLOBAL_BATCH = {"mlp": 256, "small_mlp": 128, "resnet20": 256}
 STEPS = {"mlp": 40, "small_mlp": 60, "resnet20": 24}
 INPUT_SHAPE = {"mlp": (784,), "small_mlp": (784,), "resnet20": (32, 32, 3)}
 STEADY_AFTER = 10
-TWO_PROCESS_ARMS = ("ours 2 workers", "stock 2 workers", "2 plain processes")
+NO_COMMUNICATION = "ours 2 workers, no communication"
+TWO_PROCESS_ARMS = (
+    "ours 2 workers",
+    "stock 2 workers",
+    "2 plain processes",
+    NO_COMMUNICATION,
+)
 
 
 def build_model(keras, name: str):
@@ -116,6 +122,23 @@ def cpu_per_step(before: dict, after: dict, steps: int, by: str = "group") -> di
     return {key: seconds / steps for key, seconds in found.items()}
 
 
+def _skip_the_rings_sums() -> None:
+    """Diagnostic only (wrong numbers): each ring all-reduce returns this worker's
+    own values, as if the other had sent zeros, and a doubled count. Everything a
+    2-worker step does but communicate: what stays of the gap to the ceiling is
+    not the ring's."""
+    import numpy as np
+
+    from keras_replicator.communication.ring import _socket_ring
+
+    def own_values(self, *arrays, divide_by=None, counts=None):
+        if counts is None:
+            return list(arrays)
+        return [*arrays, np.asarray(counts, np.float32).reshape(-1) * self.size]
+
+    _socket_ring.SocketRing.all_reduce = own_values
+
+
 def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
     """One process of one arm: trains and prints `RESULT {json}` (worker 0)."""
     import tensorflow as tf
@@ -134,10 +157,13 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
         "stock 1 device": lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
         "ours 1 device": lambda: kr.MultiDeviceReplicator(devices=["/cpu:0"]),
         "ours 2 workers": kr.MultiWorkerReplicator,
+        NO_COMMUNICATION: kr.MultiWorkerReplicator,
         "stock 2 workers": lambda: kr.MultiWorkerReplicator(
             all_reduce=kr.AllReduceOptions(transport="collective", bucket_mb=0)
         ),
     }[arm]()
+    if arm == NO_COMMUNICATION:
+        _skip_the_rings_sums()
     # The dataset's batch is the global batch (tf.distribute splits it between
     # workers); two plain processes each train on half of it.
     batch = GLOBAL_BATCH[model_name]

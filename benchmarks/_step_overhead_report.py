@@ -62,14 +62,14 @@ def report(summary: dict) -> None:
             "2-process arms, higher is better"
         )
         print(
-            f"{'arm':<18} {'examples/s':>10} {'step ms':>8} {'step / plain':>12} "
+            f"{'arm':<33} {'examples/s':>10} {'step ms':>8} {'step / plain':>12} "
             f"{'speed / 2 plain':>15} {'1st step s':>10} {'1st / ours 1 device':>19}"
         )
         for arm, row in model["arms"].items():
             one_process = row["ceiling"] == "plain"
             ratio = row["ratio_to_ceiling"]
             print(
-                f"{arm:<18} {row['examples_per_s']:>10,.0f} "
+                f"{arm:<33} {row['examples_per_s']:>10,.0f} "
                 f"{1000 * row['step_s']:>8.1f} "
                 f"{_cell(ratio if one_process else None, '.3f', 12)} "
                 f"{_cell(None if one_process else ratio, '.3f', 15)} "
@@ -93,13 +93,13 @@ def report_diagnose(summary: dict) -> None:
             "between calls; CPU ms per step by thread group"
         )
         print(
-            f"{'arm':<18} {'call':>6} {'loop':>6} "
+            f"{'arm':<33} {'call':>6} {'loop':>6} "
             + " ".join(f"{g:>{max(len(g), 6)}}" for g in groups)
         )
         for arm, d in rows.items():
             cpu = d["cpu_s_per_step"]
             print(
-                f"{arm:<18} {1000 * d['call_s']:>6.1f} {1000 * d['loop_s']:>6.2f} "
+                f"{arm:<33} {1000 * d['call_s']:>6.1f} {1000 * d['loop_s']:>6.2f} "
                 + " ".join(
                     f"{1000 * cpu.get(g, 0.0):>{max(len(g), 6)}.1f}" for g in groups
                 )

@@ -31,7 +31,11 @@ Arms, at each model's global batch:
   stock's communication is measured under our Keras integration;
 * `2 plain processes`: two plain `fit`s of half the global batch at the same
   time, no communication: the ceiling of any data-parallel transport on these
-  cores.
+  cores;
+* `ours 2 workers, no communication` (diagnostic, only with `--arms`): `ours 2
+  workers` whose ring all-reduces return each worker's own values (wrong numbers):
+  everything the step does but communicate, so the rest of the gap to the ceiling
+  is the communication's (issue 36).
 
     python benchmarks/step_overhead.py [--rounds 3]
         [--models mlp small_mlp resnet20] [--arms ARM ...] [--diagnose]
@@ -71,6 +75,7 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
 from _step_overhead_arm import (
     GLOBAL_BATCH,
+    NO_COMMUNICATION,
     STEADY_AFTER,
     STEPS,
     TWO_PROCESS_ARMS,
@@ -88,6 +93,7 @@ ARMS = (
     "stock 2 workers",
     "2 plain processes",
 )
+DIAGNOSTIC_ARMS = (NO_COMMUNICATION,)  # only when asked for with --arms
 CEILINGS = ("plain", "2 plain processes")
 # Issue 36's targets: ours 1 device's step / plain's; ours 2 workers' speed / 2
 # plain processes'; ours 2 workers' first step / ours 1 device's.
@@ -127,7 +133,7 @@ def with_ceilings(arms) -> list[str]:
             f"--arms: adding the ceilings {missing} (every ratio is against them)",
             file=sys.stderr,
         )
-    return [arm for arm in ARMS if arm in arms or arm in missing]
+    return [arm for arm in ARMS + DIAGNOSTIC_ARMS if arm in arms or arm in missing]
 
 
 def benchmark(models, rounds: int, arms=ARMS, steps=None, diagnose=False) -> dict:
@@ -264,7 +270,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument(
+        "--arms", nargs="+", default=list(ARMS), choices=ARMS + DIAGNOSTIC_ARMS
+    )
     parser.add_argument("--diagnose", action="store_true")
     parser.add_argument("--png", default=None)
     parser.add_argument("--json", default=None)

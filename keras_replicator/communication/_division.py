@@ -52,18 +52,41 @@ def divide_in_place(arrays, total) -> None:
     >>> divide_in_place([a], np.float32(4.0)); a
     array([0.75, 0.25], dtype=float32)
     """
-    total = np.float64(np.asarray(total).reshape(-1)[0])
     for array in arrays:
-        if array.dtype not in (np.float32, np.float64):
-            raise ValueError(
-                "The ring divides float32 / float64 buffers only (others round "
-                f"differently in numpy). Received: dtype={array.dtype}. Divide it "
-                "with `divide` after the sum."
-            )
-        # A count of 0 (every replica had an empty batch) gives inf / nan, as
-        # TensorFlow's op does, without numpy's warnings.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if array.dtype == np.float64:
+        divider(total, array.dtype)(array)
+
+
+def divider(total, dtype):
+    """A function dividing a numpy array of `dtype` by `total` in place, as
+    `divide_in_place` does (the socket ring applies it block by block).
+
+    Example:
+    >>> a = np.array([3.0, 1.0])
+    >>> divider(np.float32(2.0), a.dtype)(a); a
+    array([1.5, 0.5])
+    """
+    total = np.float64(np.asarray(total).reshape(-1)[0])
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(
+            "The ring divides float32 / float64 buffers only (others round "
+            f"differently in numpy). Received: dtype={dtype}. Divide it "
+            "with `divide` after the sum."
+        )
+    # A count of 0 (every replica had an empty batch) gives inf / nan, as
+    # TensorFlow's op does, without numpy's warnings.
+    if dtype == np.float64:
+
+        def apply(array):
+            with np.errstate(divide="ignore", invalid="ignore"):
                 np.divide(array, total, out=array)
-            else:
-                np.multiply(array, array.dtype.type(1.0 / total), out=array)
+
+        return apply
+    with np.errstate(divide="ignore"):
+        factor = dtype.type(1.0 / total)
+
+    def apply(array):
+        with np.errstate(invalid="ignore"):
+            np.multiply(array, factor, out=array)
+
+    return apply

@@ -157,7 +157,7 @@ def _scatter(optimizer, pairs) -> None:
     ring = _ring(strategy)
     if ring is not None:
         for (slot, _), matrix in zip(pairs, matrices):
-            _local_copies(slot.variable)[0].assign(matrix[ring.rank])
+            _local_copies(slot.variable)[0].assign(matrix[ring.replica])
         return
 
     def piece(matrices):

@@ -20,6 +20,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -29,6 +30,7 @@ from keras_replicator.communication.ring import (
     _frames,
     _handover,
     _memfd,
+    _passes,
     _shared_memory,
 )
 from keras_replicator.communication.ring._socket_ring import SocketRing
@@ -401,3 +403,66 @@ def test_no_shared_memory_where_the_platform_lacks_it(monkeypatch):
 def test_the_docstring_examples_run():
     for module in (_shared_memory, _memfd, _handover):
         assert doctest.testmod(module, raise_on_error=False).failed == 0
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("divide", ["divide_by", "counts"])
+def test_a_received_chunk_is_read_once_and_the_bits_do_not_change(
+    size, dtype, divide, monkeypatch
+):
+    # Issue 36: a received chunk is added, divided and staged for the next step
+    # block by block; before, the division and the copy into the outbox were
+    # passes of their own. Tiny blocks, so blocks and chunk borders cross.
+    monkeypatch.setattr(_passes, "BLOCK_BYTES", 24)
+    shapes = [(3, 5), (), (7,), (1, 1, 2), (11,)]
+    inputs = [
+        [
+            np.random.default_rng(10 * r + i).normal(size=s).astype(dtype)
+            for i, s in enumerate(shapes)
+        ]
+        for r in range(size)
+    ]
+    counts = [np.array([3.0 + r], np.float32) for r in range(size)]
+
+    def call(r, ring):
+        if divide == "divide_by":
+            return ring.all_reduce(*inputs[r], divide_by=np.float32(7.0))
+        return ring.all_reduce(*inputs[r], counts=counts[r])
+
+    rings = _linked_rings(size)
+    for _ in range(2):  # the second call reuses slots the first call staged in
+        fused, errors, _ = _together(rings, call)
+        assert not any(errors), errors
+    plain, errors, _ = _together(_rings(size), call)  # sockets: divided after
+    assert not any(errors), errors
+    for r in range(size):
+        assert len(fused[r]) == len(plain[r])
+        for a, b in zip(fused[r], plain[r]):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(
+                a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
+            )
+    # Every step whose payload was just received: the reduce's n - 1 steps and
+    # the all-gather's n - 2 forwarded chunks, in each of the 2 calls.
+    assert [ring._link.staged_steps for ring in rings] == [2 * (2 * size - 3)] * size
+    # And against NumPy (the ring adds in its own order: not bit for bit).
+    divisor = 7.0 if divide == "divide_by" else sum(float(c[0]) for c in counts)
+    for i in range(len(shapes)):
+        expected = sum(inputs[r][i].astype(np.float64) for r in range(size)) / divisor
+        np.testing.assert_allclose(fused[0][i], expected, rtol=1e-5)
+
+
+def test_a_count_of_zero_divides_to_inf_and_nan_without_a_warning():
+    rings = _linked_rings(2)
+    values = [np.array([1.0, 0.0, -1.0], np.float32) for _ in range(2)]
+    zero = np.array([0.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, errors, _ = _together(
+            rings, lambda r, ring: ring.all_reduce(values[r], counts=zero)
+        )
+    assert not any(errors), errors
+    summed, total = out[0]
+    assert total[0] == 0.0
+    assert np.isposinf(summed[0]) and np.isnan(summed[1]) and np.isneginf(summed[2])

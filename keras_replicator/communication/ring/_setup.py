@@ -10,10 +10,18 @@ or fall back to TensorFlow's collectives with a warning.
 Both connections must prove the job's secret, which the shared table carries
 (`_handshake`: the listener serves every connection at once, so strangers on
 the port delay no one; issue 34).
+
+The ring's order follows the machines, not `TF_CONFIG`'s list (issue 37): each
+row carries this worker's machine (`machine_key`), and `ring_order` puts the
+workers of one machine next to each other, so each machine is entered and left
+once. With workers listed h1, h2, h1, h2 (as schedulers may list them) the
+TF_CONFIG order would cross machines on every link and share memory on none.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import socket
 import threading
 import time
@@ -50,6 +58,58 @@ def listen(strategy):
         return None, [0.0] * 5, f"cannot listen on {address!r}: {error}"
     port = server.getsockname()[1]
     return server, [float(int(part)) for part in host.split(".")] + [float(port)], None
+
+
+def machine_key() -> list[float]:
+    """Two floats naming where this worker runs, equal for workers that can share
+    memory: the same kernel boot, network namespace (the shared-memory handover's
+    abstract Unix sockets live there) and pid namespace (its peer check compares
+    pids). Each is 24 bits of a hash, so exact in the float32 table.
+
+    Example:
+    >>> key = machine_key()
+    >>> key == machine_key() and len(key) == 2 and all(0 <= k < 2**24 for k in key)
+    True
+    """
+    parts = []
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            parts.append(file.read().strip())
+    except OSError:  # not Linux: the host name will have to do
+        parts.append(socket.gethostname())
+    for namespace in ("net", "pid"):
+        try:
+            parts.append(str(os.stat(f"/proc/self/ns/{namespace}").st_ino))
+        except OSError:
+            parts.append("")
+    digest = hashlib.blake2b("/".join(parts).encode(), digest_size=6).digest()
+    return [
+        float(int.from_bytes(digest[:3], "big")),
+        float(int.from_bytes(digest[3:], "big")),
+    ]
+
+
+def ring_order(machines) -> list[int]:
+    """The workers (ranks) in ring order: grouped by machine, each group in rank
+    order, the groups in the order of their first worker.
+
+    Args:
+        machines: Each worker's machine key (`machine_key`), in rank order.
+
+    Returns:
+        `order`: the worker at each ring position.
+
+    Example:
+    >>> ring_order([[1, 1], [2, 2], [1, 1], [2, 2]])  # h1, h2, h1, h2
+    [0, 2, 1, 3]
+    >>> ring_order([[5, 0], [5, 0], [7, 0]])  # already grouped: unchanged
+    [0, 1, 2]
+    """
+    keys = [tuple(float(v) for v in key) for key in machines]
+    first = {}
+    for rank, key in enumerate(keys):
+        first.setdefault(key, rank)
+    return sorted(range(len(keys)), key=lambda rank: (first[keys[rank]], rank))
 
 
 def share(strategy, row):

@@ -34,7 +34,6 @@ workers' calls no longer pair up, and a later call would mix sums across calls.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -43,8 +42,9 @@ import numpy as np
 from keras_replicator.communication import _division
 from keras_replicator.communication.ring import (
     _frames,
-    _handshake,
-    _setup,
+    _hierarchical,
+    _opening,
+    _passes,
     _shared_memory,
 )
 
@@ -61,18 +61,34 @@ class SocketRing:
             socket's timeout (`None` there: no deadline).
         link: The `_shared_memory.Link` whose segments carry the payloads
             between workers on one machine. Defaults to `None`: the sockets do.
+        order: The worker (replica) at each ring position (`_setup.ring_order`:
+            grouped by machine). Defaults to `None`: worker `p` at position `p`.
+            `rank` is this worker's position; `all_reduce` does not depend on
+            the order (every worker gets the sums), `reduce_scatter` and
+            `all_gather` number their chunks by worker, not by position.
 
     Attributes:
+        replica: This worker's index (`order[rank]`): the chunk
+            `reduce_scatter` leaves it.
         bytes_sent: The payload bytes this worker has sent, headers excluded.
         calls: The calls this worker has made (`all_reduce`, `reduce_scatter`,
             `all_gather`; none with one worker): each is one ring protocol.
     """
 
-    def __init__(self, rank: int, size: int, send, receive, timeout=None, link=None):
+    def __init__(
+        self, rank: int, size: int, send, receive, timeout=None, link=None, order=None
+    ):
         self.rank, self.size = rank, size
+        self.order = list(range(size)) if order is None else list(order)
+        if sorted(self.order) != list(range(size)):
+            raise ValueError(
+                f"`order` must list each of the {size} workers once. Received: "
+                f"order={order!r}."
+            )
         self._link = link or _shared_memory.Link(None, None)
         self._send, self._receive = send, receive
         self._timeout = send.gettimeout() if timeout is None else timeout
+        self.replica = self.order[rank]
         self._lock = threading.Lock()
         self.calls = 0
         self._failure = None  # the first failure's description; the ring is dead
@@ -81,8 +97,13 @@ class SocketRing:
     @classmethod
     def connect(
         cls, strategy, timeout: float, required: bool = True, bucket_bytes: int = 0
-    ) -> SocketRing | None:
+    ) -> SocketRing | _hierarchical.HierarchicalRing | None:
         """Opens the ring among the strategy's workers (call on every worker).
+
+        With `KERAS_REPLICATOR_RING_HIERARCHY=1` on every worker, on several
+        machines with the same number (>= 2) of workers each, the ring also
+        opens its rows and columns and returns a
+        `_hierarchical.HierarchicalRing`.
 
         The listening ports and IPv4 addresses are exchanged with one all-reduce
         of the strategy, so no port needs to be configured; each worker's random
@@ -108,48 +129,7 @@ class SocketRing:
             RuntimeError: If `required` and some worker could not open the ring,
                 naming the worker and the reason.
         """
-        size = strategy.num_replicas_in_sync
-        server, row, problem = _setup.listen(strategy)
-        try:  # checked here, so that every worker decides alike
-            _shared_memory.enabled()
-        except ValueError as error:
-            problem = problem or str(error)
-        words = _handshake.secret_words()
-        table, rank = _setup.share(strategy, row + words + [_setup.flag(problem)])
-        failed = _setup.failed(table)
-        if failed:
-            if server is not None:
-                server.close()
-            return _setup.give_up(required, failed, problem)
-        secret = _handshake.derive_secret(table[:, len(row) : len(row) + len(words)])
-        wait = timeout if required else min(timeout, _setup.AUTO_CONNECT_TIMEOUT)
-        send = receive = None
-        try:
-            send, receive = _setup.open_ring(
-                server, table[(rank + 1) % size], secret, rank, size, wait
-            )
-        except (OSError, _handshake.HandshakeError) as error:
-            problem = f"{type(error).__name__}: {error}"
-        server.close()
-        table, _ = _setup.share(strategy, [_setup.flag(problem)])
-        failed = _setup.failed(table)
-        if failed:
-            for s in (send, receive):
-                if s is not None:
-                    s.close()
-            return _setup.give_up(required, failed, problem)
-        for s in (send, receive):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(timeout)
-        step = min(bucket_bytes, 64 * 2**20) // size + 64  # a chunk and the counts
-        try:
-            link = _shared_memory.open_link(
-                send, receive, time.monotonic() + wait, step
-            )
-        except (OSError, ValueError) as error:  # a peer died in between
-            _frames.shut_down(send, receive)
-            raise RuntimeError(f"The socket ring could not open: {error}") from error
-        return cls(rank, size, send, receive, timeout, link)
+        return _opening.connect(cls, strategy, timeout, required, bucket_bytes)
 
     def all_reduce(
         self, *arrays: np.ndarray, divide_by=None, counts=None
@@ -210,10 +190,14 @@ class SocketRing:
             # fault in. An empty buffer still sends its header: peers may differ.
             into = lambda step, chunk: pieces(results, chunk, summed)  # noqa: E731
             mine = lambda chunk: pieces(flats, chunk, own)  # noqa: E731
-            self._reduce(mine, into, header, deadline)
-            divisor = divide_by if summed is None else summed[self.rank]
-            if divisor is not None:
-                _division.divide_in_place(pieces(results, self.rank), divisor)
+            finish = None
+            if divide_by is not None or summed is not None:
+                # The count is summed by the time the final step's sums are read.
+                divisor = lambda: divide_by if summed is None else summed[self.rank]  # noqa: E731
+                finish = _passes.Finish(divisor, counts=0 if summed is None else 1)
+            self._reduce(mine, into, header, deadline, finish, then_gather=True)
+            if finish is not None and not finish.applied:
+                _division.divide_in_place(pieces(results, self.rank), finish.divisor())
             self._gather(lambda c: pieces(results, c, summed), None, deadline)
 
         operation = "all_reduce" if slots is None else "all_reduce_count"
@@ -227,7 +211,7 @@ class SocketRing:
         return outputs if summed is None else [*outputs, summed[0].copy()]
 
     def reduce_scatter(self, flat: np.ndarray) -> np.ndarray:
-        """Returns chunk `rank` of the sum over all workers of `flat`.
+        """Returns chunk `replica` (this worker's index) of the sum of `flat`.
 
         The first phase of `all_reduce` alone: with `L = flat.size // size`,
         chunk `c` is `flat[c * L : (c + 1) * L]`; each worker sends `(size - 1)
@@ -260,7 +244,8 @@ class SocketRing:
             result[...] = flat
         # Partial sums alternate in 2 buffers (one sent, one filling): last `result`.
         spare = [result, _frames.aligned_empty(length if n > 2 else 0, flat.dtype)]
-        mine = lambda c: [flat[c * length : (c + 1) * length]]  # noqa: E731
+        rows = self.order  # the chunk at position c is worker order[c]'s
+        mine = lambda c: [flat[rows[c] * length : (rows[c] + 1) * length]]  # noqa: E731
         into = lambda step, c: [spare[(n - 2 - step) % 2]]  # noqa: E731
         self._call("reduce_scatter", flat.dtype, flat.size, self._reduce, mine, into)
         return result
@@ -275,8 +260,9 @@ class SocketRing:
         chunk = _vector(chunk, "chunk")
         length = chunk.size
         result = _frames.aligned_empty(self.size * length, chunk.dtype)
-        result[self.rank * length : (self.rank + 1) * length] = chunk
-        pieces = lambda c: [result[c * length : (c + 1) * length]]  # noqa: E731
+        rows = self.order  # worker order[c]'s chunk, in worker order
+        result[self.replica * length : (self.replica + 1) * length] = chunk
+        pieces = lambda c: [result[rows[c] * length : (rows[c] + 1) * length]]  # noqa: E731
         self._call("all_gather", chunk.dtype, length, self._gather, pieces)
         return result
 
@@ -285,7 +271,7 @@ class SocketRing:
         with self._lock:
             if self._failure is not None:
                 raise RuntimeError(
-                    f"The socket ring failed earlier on worker {self.rank}, so it "
+                    f"The socket ring failed earlier on worker {self.replica}, so it "
                     f"is closed and every later call fails: {self._failure} The "
                     "workers' calls no longer pair up; restart the job (e.g. "
                     "resuming with `keras.callbacks.BackupAndRestore`)."
@@ -305,33 +291,52 @@ class SocketRing:
                     raise
                 raise failure from error
 
-    def _reduce(self, mine, into, header, deadline) -> None:
+    def _reduce(
+        self, mine, into, header, deadline, finish=None, then_gather=False
+    ) -> None:
         """The reduce-scatter phase: worker r ends with chunk r summed, from r + 1 on.
 
         `mine(c)`: this worker's chunk `c` (a list of arrays); `into(step, c)`:
-        where its partial sum arrives at `step`, in the same pieces."""
+        where its partial sum arrives at `step`, in the same pieces. `finish`:
+        the final step's `_passes.Finish`. `then_gather`: the final sum
+        is what the all-gather sends first. Each partial sum received is what
+        this worker sends next, so it is staged as it is read (`_shared_memory`).
+        """
         n, rank = self.size, self.rank
         outgoing = mine((rank - 1) % n)
         for step in range(n - 1):
             target = (rank - step - 2) % n
             incoming = into(step, target)
             first = header if step == 0 else None
-            self._exchange(outgoing, incoming, deadline, first, mine(target))
+            last = step == n - 2
+            self._exchange(
+                outgoing,
+                incoming,
+                deadline,
+                first,
+                mine(target),
+                finish=finish if last else None,
+                stage=then_gather or not last,
+            )
             outgoing = incoming
 
     def _gather(self, chunk, header, deadline) -> None:
-        """The all-gather phase: `chunk(c)`, held by worker `c`, reaches all."""
+        """The all-gather phase: `chunk(c)`, held by worker `c`, reaches all.
+
+        Each chunk received but the last is forwarded at the next step: staged."""
         n, rank = self.size, self.rank
         for step in range(n - 1):
             sent, target = (rank - step) % n, (rank - step - 1) % n
             first = header if step == 0 else None
-            self._exchange(chunk(sent), chunk(target), deadline, first)
+            stage = step < n - 2
+            self._exchange(chunk(sent), chunk(target), deadline, first, stage=stage)
 
-    def _exchange(self, outgoing, incoming, deadline, header=None, plus=None):
-        """One step (`_shared_memory.Link.exchange`); counted in `bytes_sent`."""
+    def _exchange(self, outgoing, incoming, deadline, header=None, plus=None, **fusing):
+        """One step (`_shared_memory.Link.exchange`, which takes `finish` and
+        `stage` in `fusing`); counted in `bytes_sent`."""
         sockets, args = (self._send, self._receive), (outgoing, incoming, deadline)
         self.bytes_sent += self._link.exchange(
-            sockets, self.rank, self.size, *args, header, plus
+            sockets, self.rank, self.size, *args, header, plus, **fusing
         )
 
     def _fail(self, error, operation="all_reduce") -> BaseException:
@@ -347,7 +352,10 @@ class SocketRing:
             cause = f"{error}: it died, or its call failed (its own error names why)"
         else:
             cause = f"{type(error).__name__}: {error}"
-        self._failure = f"call {self.calls} failed: {cause}."
+        where = ""
+        if self.order != list(range(self.size)):  # the links name ring positions
+            where = f" (ring position {self.rank}; workers by position: {self.order})"
+        self._failure = f"call {self.calls} failed{where}: {cause}."
         _frames.shut_down(self._send, self._receive)
         for s in (self._send, self._receive):
             s.close()
@@ -356,7 +364,7 @@ class SocketRing:
             return error  # KeyboardInterrupt and friends stay what they are
         name = operation.replace("_", "-")
         return RuntimeError(
-            f"Socket {name} failed on worker {self.rank}: {self._failure}"
+            f"Socket {name} failed on worker {self.replica}: {self._failure}"
         )
 
 
