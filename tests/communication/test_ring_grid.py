@@ -13,7 +13,7 @@ import pytest
 
 from keras_replicator.communication.ring import _hierarchical, _setup, _socket_ring
 from tests.communication.test_shared_memory import _linked_rings
-from tests.communication.test_socket_ring import _rings
+from tests.communication.test_socket_ring import _rings, _together
 from tests.communication.test_socket_ring_connect import (
     _Exchange,
     _Worker,
@@ -39,22 +39,10 @@ def _grid_rings(machines, per_machine):
     ]
 
 
-def _together(rings, call):
-    out, errors = [None] * len(rings), []
-
-    def work(r):
-        try:
-            out[r] = call(r, rings[r])
-        except Exception as error:  # noqa: BLE001 - checked by the tests
-            errors.append(error)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(rings))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a ring call hung"
-    return out, errors
+def _on_every_worker(rings, call):
+    """`test_socket_ring._together` with a longer limit: (results, errors)."""
+    out, errors, _ = _together(rings, call, limit=30.0)
+    return out, [e for e in errors if e is not None]
 
 
 SHAPES = [(3, 5), (), (7,), (1, 1, 2), (0,), (11,)]  # chunks cross array borders
@@ -89,7 +77,7 @@ def test_sums_match_numpy_and_every_worker_holds_the_same_bits(
 
     rings = _grid_rings(machines, per_machine)
     for _ in range(2):  # a second call on the same rings
-        out, errors = _together(rings, call)
+        out, errors = _on_every_worker(rings, call)
         assert not errors, errors
     divisor = {None: 1.0, "divide_by": 6.0, "counts": sum(float(c[0]) for c in counts)}
     for i, shape in enumerate(SHAPES):
@@ -113,7 +101,7 @@ def test_sums_match_numpy_and_every_worker_holds_the_same_bits(
 def test_sixteen_bit_buffers_are_summed_like_the_flat_rings():
     inputs = _inputs(4, ml_dtypes.bfloat16)
     rings = _grid_rings(2, 2)
-    out, errors = _together(rings, lambda r, ring: ring.all_reduce(*inputs[r]))
+    out, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(*inputs[r]))
     assert not errors, errors
     for i in range(len(SHAPES)):
         expected = sum(inputs[r][i].astype(np.float32) for r in range(4))
@@ -126,7 +114,7 @@ def test_the_columns_carry_half_of_what_the_flat_ring_sends_between_machines():
     # column all-reduce sends 2 (H - 1) / H x 1/L = 0.5 buffer per worker.
     values = [np.ones(4000, np.float32) for _ in range(4)]
     rings = _grid_rings(2, 2)
-    _, errors = _together(rings, lambda r, ring: ring.all_reduce(values[r]))
+    _, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(values[r]))
     assert not errors, errors
     assert [ring.column.bytes_sent for ring in rings] == [4000 * 4 // 2] * 4
     assert [ring.flat.bytes_sent for ring in rings] == [0] * 4
@@ -135,7 +123,7 @@ def test_the_columns_carry_half_of_what_the_flat_ring_sends_between_machines():
 def test_a_failure_on_one_ring_fails_every_ring_of_the_worker():
     rings = _grid_rings(2, 2)
     rings[3].column._fail(RuntimeError("killed by the test"))  # worker 3 dies
-    _, errors = _together(
+    _, errors = _on_every_worker(
         rings, lambda r, ring: ring.all_reduce(np.ones(64, np.float32))
     )
     assert len(errors) == 4 and all(isinstance(e, RuntimeError) for e in errors)
@@ -188,7 +176,7 @@ def test_connect_opens_rows_and_columns_on_a_grid_of_machines(
         (1, 1),
     ]  # workers 0, 2 on machine A; 1, 3 on B
     values = [np.arange(100, dtype=np.float64) * (r + 1) for r in range(4)]
-    out, errors = _together(rings, lambda r, ring: ring.all_reduce(values[r])[0])
+    out, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(values[r])[0])
     assert not errors, errors
     for result in out:
         np.testing.assert_array_equal(result, sum(values))
