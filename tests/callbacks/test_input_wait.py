@@ -33,7 +33,19 @@ def _dataset(sleep_seconds):
     return dataset.prefetch(2)
 
 
-def _fit(callback, dataset, strategy=None):
+class _EpochTimes(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.begins, self.ends = [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.begins.append(time.perf_counter())
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.ends.append(time.perf_counter())
+
+
+def _fit(callback, dataset, strategy=None, timer=None):
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         model = keras.Sequential(
@@ -54,7 +66,11 @@ def _fit(callback, dataset, strategy=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = model.fit(
-            dataset, steps_per_epoch=24, epochs=2, verbose=0, callbacks=[callback]
+            dataset,
+            steps_per_epoch=24,
+            epochs=2,
+            verbose=0,
+            callbacks=[callback] + ([timer] if timer else []),
         )
     messages = [str(w.message) for w in caught if "input-bound" in str(w.message)]
     return history.history["input_wait_share"], messages
@@ -63,14 +79,22 @@ def _fit(callback, dataset, strategy=None):
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_slowed_pipeline_is_input_bound_and_a_cached_one_is_not(replicas):
     strategy = kr.MultiDeviceReplicator(num_replicas=2) if replicas == 2 else None
-    slow = InputWait(threshold=0.3, every_n_steps=8)
-    shares, messages = _fit(slow, slow.watch(_dataset(0.03)), strategy)
-    assert min(shares) > 0.6 and slow.input_bound and len(messages) == 1
-    assert "Training is input-bound" in messages[0]
     fast = InputWait(threshold=0.3, every_n_steps=8)
-    shares, messages = _fit(fast, fast.watch(_dataset(0)), strategy)
+    timer = _EpochTimes()
+    shares, messages = _fit(fast, fast.watch(_dataset(0)), strategy, timer)
+    step = (timer.ends[1] - timer.begins[1]) / 24  # the second epoch: traced
     assert max(shares) < 0.3 and not fast.input_bound and not messages
     assert fast.shares == shares
+    # The slowed pipeline sleeps several steps a batch, on any machine: a fixed
+    # 30 ms was less than one step on a slow day, and prefetching kept up.
+    slow = InputWait(threshold=0.3, every_n_steps=8)
+    delay = max(0.03, 5 * step)
+    shares, messages = _fit(slow, slow.watch(_dataset(delay)), strategy)
+    assert min(shares) > 0.6 and slow.input_bound and len(messages) == 1, (
+        shares,
+        delay,
+    )
+    assert "Training is input-bound" in messages[0]
 
 
 def test_watch_keeps_the_elements():
