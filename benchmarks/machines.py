@@ -6,11 +6,12 @@ workers each. Per link speed, arms interleaved round by round, each a fresh
 process group; worker 0 times `all_reduce` of `--sizes-mb` float32 buffers
 (median of 5 calls after one warm-up) straight on the strategy's ring:
 
-* `flat, listed h1 h1 h2 h2`: the flat ring (the default), the workers listed
-  machine by machine: the flat ring at its best, the baseline of every ratio;
+* `flat, listed h1 h1 h2 h2`: the flat ring (`KERAS_REPLICATOR_RING_HIERARCHY=0`),
+  the workers listed machine by machine: the flat ring at its best, the baseline
+  of every ratio;
 * `flat, listed h1 h2 h1 h2`: the same, interleaved as schedulers may list them
   (the ring orders itself by machine: should match the baseline);
-* `grid, listed h1 h2 h1 h2`: `KERAS_REPLICATOR_RING_HIERARCHY=1`: rows (shared
+* `grid, listed h1 h2 h1 h2`: the default on a grid of machines: rows (shared
   memory in each machine) and columns (sockets between machines).
 
 `--fit` adds the 6.3M-parameter MLP of `step_overhead.py` (global batch 256, 1

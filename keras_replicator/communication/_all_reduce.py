@@ -84,8 +84,11 @@ def all_reduce_sum(
     strategy_options = options_of(strategy)
     if options is None:
         options = strategy_options
-    elif options.transport is None:  # the strategy's choice, unless hierarchical
-        transport = "collective" if options.hierarchy else strategy_options.transport
+    elif options.transport is None:  # the strategy's, unless rows are given
+        # A `hierarchy` without `group_size` on the socket ring: its rows and
+        # columns (opened where the machines form a grid).
+        grouped = options.hierarchy is not None and options.group_size is not None
+        transport = "collective" if grouped else strategy_options.transport
         options = dataclasses.replace(options, transport=transport)
     gradients = list(gradients)
     pending_exact = [tf.cast(e, tf.float32) for e in exact]

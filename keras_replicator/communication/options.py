@@ -49,8 +49,13 @@ class AllReduceOptions:
             across workers, all-gather back). Both use TensorFlow's native
             sub-group collectives and pay off on multi-GPU workers, where local
             links are much faster than the network; with one worker or one
-            replica per worker they reduce to a flat all-reduce. Not on a TPU
-            (its interconnect already reduces over a 2-D torus). See
+            replica per worker they reduce to a flat all-reduce. On CPU workers
+            with one replica each (the socket ring) and no `group_size`, both
+            run on the ring's rows and columns: a machine's workers are a row
+            (reduce-scatter and all-gather through shared memory), and each
+            shard is all-reduced between machines (the ring does this by
+            default wherever the machines form a grid). Not on a TPU (its
+            interconnect already reduces over a 2-D torus). See
             docs/communication.md. Defaults to `None`.
         group_size: Replicas per row of the hierarchy's grid (consecutive
             replicas; must divide their number). Only with `hierarchy`.
@@ -65,7 +70,7 @@ class AllReduceOptions:
             socket transport opens one TCP connection from each worker to the next
             on a free port of the address in `TF_CONFIG`. Defaults to `None`: the
             strategy picks. A `MultiWorkerReplicator` of several CPU workers with
-            one replica each and no `hierarchy` uses the socket ring if every
+            one replica each and no `group_size` uses the socket ring if every
             worker can open it (else, with a warning, the collectives); every
             other strategy uses the collectives. The choice made is in
             `strategy.all_reduce_options.transport`.
@@ -162,12 +167,12 @@ class AllReduceOptions:
                 f"`transport` must be one of {list(TRANSPORTS)}. Received: "
                 f"transport={self.transport!r}."
             )
-        if self.hierarchy is not None and self.transport == "socket":
+        if self.group_size is not None and self.transport == "socket":
             raise ValueError(
-                "`hierarchy` needs transport='collective' (the socket ring joins "
-                "workers with one replica each, where there is no hierarchy). "
-                f"Received: hierarchy={self.hierarchy!r}, "
-                f"transport={self.transport!r}."
+                "`group_size` needs transport='collective': on the socket ring the "
+                "rows are the machines, found by the ring. Received: "
+                f"group_size={self.group_size!r}, transport={self.transport!r}. "
+                "Drop group_size (rows = machines) or use transport='collective'."
             )
         self._check_shard_weight_update()
 

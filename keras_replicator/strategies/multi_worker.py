@@ -106,6 +106,7 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
         if state.is_multi_worker:
             _leave_together.register(collective_timeout)
         ring, bucket = None, int(options.resolved_bucket_mb() * 1e6)
+        grid = True if options.hierarchy is not None else None  # else the default
         if options.transport == "socket":
             if len(self.extended.worker_devices) != 1:
                 raise ValueError(
@@ -114,11 +115,15 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                     "devices. Use transport='collective' on multi-GPU workers."
                 )
             ring = _socket_ring.SocketRing.connect(
-                self, timeout=collective_timeout, bucket_bytes=bucket
+                self, timeout=collective_timeout, bucket_bytes=bucket, grid=grid
             )
         elif options.transport is None and _ring_fits(self, options):
             ring = _socket_ring.SocketRing.connect(
-                self, timeout=collective_timeout, required=False, bucket_bytes=bucket
+                self,
+                timeout=collective_timeout,
+                required=False,
+                bucket_bytes=bucket,
+                grid=grid,
             )
         state.transport = ring
         transport = "collective" if ring is None else "socket"
@@ -127,10 +132,11 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
 
 def _ring_fits(strategy, options) -> bool:
     """Whether the default transport is the socket ring: several CPU workers,
-    one replica each, no hierarchy (the measured case, docs/communication.md)."""
+    one replica each, no `group_size` (the measured case, docs/communication.md;
+    a `hierarchy` runs on the ring's rows and columns)."""
     devices = strategy.extended.worker_devices
     return (
-        options.hierarchy is None
+        options.group_size is None
         and len(devices) == 1
         and "CPU" in devices[0].upper()
         and strategy.num_replicas_in_sync > 1

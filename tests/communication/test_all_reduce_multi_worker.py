@@ -20,8 +20,14 @@ pytestmark = pytest.mark.multi_worker
             marks=pytest.mark.slow,
         ),
         ({"compression": "bf16", "transport": "collective"}, "collective", 0),
+        pytest.param(  # rows from the machines: one here, so the flat ring
+            {"hierarchy": "local_then_global", "bucket_mb": 0.0005},
+            "socket",
+            1e-10,
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["default-is-the-ring", "socket-exact", "bf16-collective"],
+    ids=["default-is-the-ring", "socket-exact", "bf16-collective", "hierarchy-ring"],
 )
 def test_two_workers_train_to_the_one_device_weights(options, transport, rtol):
     initial, expected = one_device(300)

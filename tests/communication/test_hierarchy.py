@@ -130,8 +130,10 @@ def test_grid_positions():
 def test_bad_combinations_name_the_field():
     with pytest.raises(ValueError, match="`group_size` only shapes"):
         kr.AllReduceOptions(group_size=2)
-    with pytest.raises(ValueError, match="`hierarchy` needs transport='collective'"):
-        kr.AllReduceOptions(hierarchy="2d", transport="socket")
+    with pytest.raises(ValueError, match="`group_size` needs transport='collective'"):
+        kr.AllReduceOptions(hierarchy="2d", group_size=2, transport="socket")
+    # Rows found from the machines: the socket ring's rows and columns.
+    assert kr.AllReduceOptions(hierarchy="2d", transport="socket").group_size is None
 
 
 def test_tpu_replicator_rejects_a_hierarchy_before_connecting():

@@ -58,11 +58,19 @@ def _inputs(size, dtype):
     ]
 
 
+@pytest.fixture(params=["one piece", "8 pieces"])
+def pieces(request, monkeypatch):
+    """Buffers in one piece, or in 8 (rows and columns overlapped)."""
+    if request.param != "one piece":
+        monkeypatch.setattr(_hierarchical, "PIECE_MIN_BYTES", 8)
+    return request.param
+
+
 @pytest.mark.parametrize("machines, per_machine", [(2, 2), (3, 2), (2, 3)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("divide", [None, "divide_by", "counts"])
 def test_sums_match_numpy_and_every_worker_holds_the_same_bits(
-    machines, per_machine, dtype, divide
+    machines, per_machine, dtype, divide, pieces
 ):
     size = machines * per_machine
     inputs = _inputs(size, dtype)
@@ -98,7 +106,7 @@ def test_sums_match_numpy_and_every_worker_holds_the_same_bits(
     assert all(ring.column._link.inbox is None for ring in rings)
 
 
-def test_sixteen_bit_buffers_are_summed_like_the_flat_rings():
+def test_sixteen_bit_buffers_are_summed_like_the_flat_rings(pieces):
     inputs = _inputs(4, ml_dtypes.bfloat16)
     rings = _grid_rings(2, 2)
     out, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(*inputs[r]))
@@ -120,7 +128,29 @@ def test_the_columns_carry_half_of_what_the_flat_ring_sends_between_machines():
     assert [ring.flat.bytes_sent for ring in rings] == [0] * 4
 
 
-def test_a_failure_on_one_ring_fails_every_ring_of_the_worker():
+def test_pieces_overlap_and_a_column_failing_midway_fails_every_worker(monkeypatch):
+    # 40 pieces: worker 3's column dies on its 5th call, while the rows hold
+    # later pieces; every worker fails (none hangs) and stays failed.
+    monkeypatch.setattr(_hierarchical, "PIECE_MIN_BYTES", 400)
+    monkeypatch.setattr(_hierarchical, "PIECES", 40)
+    assert len(_hierarchical._piece_bounds(4000, 4, 2)) == 41
+    rings = _grid_rings(2, 2)
+    column_call = rings[3].column.all_reduce
+
+    def dies_on_the_fifth(*arrays, **kwargs):
+        if rings[3].column.calls == 4:
+            raise ConnectionError("killed by the test")
+        return column_call(*arrays, **kwargs)
+
+    rings[3].column.all_reduce = dies_on_the_fifth
+    values = [np.ones(4000, np.float32) for _ in range(4)]
+    _, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(values[r]))
+    assert len(errors) == 4 and all(isinstance(e, Exception) for e in errors)
+    assert all(ring.column._failure is not None for ring in rings)
+    assert [t.name for t in threading.enumerate()].count("ring-columns") == 0
+
+
+def test_a_failure_on_one_ring_fails_every_ring_of_the_worker(pieces):
     rings = _grid_rings(2, 2)
     rings[3].column._fail(RuntimeError("killed by the test"))  # worker 3 dies
     _, errors = _on_every_worker(
@@ -134,7 +164,7 @@ def test_a_failure_on_one_ring_fails_every_ring_of_the_worker():
             ring.reduce_scatter(np.ones(64, np.float32))
 
 
-def _connect_all(machines, monkeypatch, grid="1"):
+def _connect_all(machines, monkeypatch, grid="1", forced=None):
     if grid is None:
         monkeypatch.delenv(_hierarchical.ENVIRONMENT_VARIABLE, raising=False)
     else:
@@ -148,7 +178,7 @@ def _connect_all(machines, monkeypatch, grid="1"):
         claimed.machine = ord(machines[rank])
         try:
             rings[rank] = _socket_ring.SocketRing.connect(
-                _Worker(exchange, rank), timeout=5, bucket_bytes=1 << 20
+                _Worker(exchange, rank), timeout=5, bucket_bytes=1 << 20, grid=forced
             )
         except Exception as error:  # noqa: BLE001 - checked below
             errors.append(error)
@@ -188,14 +218,26 @@ def test_no_grid_keeps_the_flat_ring(threads_as_workers, monkeypatch, machines):
     assert all(type(r) is _socket_ring.SocketRing for r in rings)
 
 
-@pytest.mark.parametrize("setting", [None, "0"])
-def test_the_flat_ring_is_the_default_and_0_keeps_it(
+@pytest.mark.parametrize("setting", [None, "1", "0"])
+def test_the_grid_is_the_default_and_0_keeps_the_flat_ring(
     threads_as_workers,  # noqa: F811 - the fixture
     monkeypatch,
     setting,
 ):
     rings = _connect_all("AABB", monkeypatch, grid=setting)
-    assert all(type(r) is _socket_ring.SocketRing for r in rings)
+    wanted = (
+        _socket_ring.SocketRing if setting == "0" else _hierarchical.HierarchicalRing
+    )
+    assert all(type(r) is wanted for r in rings)
+
+
+def test_a_hierarchy_in_the_options_opens_the_grid_whatever_the_environment(
+    threads_as_workers,  # noqa: F811 - the fixture
+    monkeypatch,
+):
+    # `AllReduceOptions(hierarchy=...)` connects with grid=True.
+    rings = _connect_all("ABAB", monkeypatch, grid="0", forced=True)
+    assert all(isinstance(r, _hierarchical.HierarchicalRing) for r in rings)
 
 
 def test_a_bad_setting_is_a_clear_error(monkeypatch):

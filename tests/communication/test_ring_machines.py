@@ -115,8 +115,8 @@ def test_four_workers_on_two_machines_train_like_one_device():
     )
     expected = _result(one_device.stdout + one_device.stderr)["weights"]
     with simulated.SimulatedCluster(hosts=2) as cluster:
-        flat = _train_on(cluster)  # the default
-        grid = _train_on(cluster, {"KERAS_REPLICATOR_RING_HIERARCHY": "1"})
+        grid = _train_on(cluster)  # the default: rows and columns
+        flat = _train_on(cluster, {"KERAS_REPLICATOR_RING_HIERARCHY": "0"})
     for runs, is_grid in ((grid, True), (flat, False)):
         # Machine by machine: workers 0, 2 on machine 0, then 1, 3 on machine 1.
         assert [run["order"] for run in runs] == [[0, 2, 1, 3]] * 4

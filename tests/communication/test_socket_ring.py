@@ -202,3 +202,26 @@ def test_a_peer_that_trickles_bytes_cannot_outlive_the_deadline():
     assert "within the collective timeout (1.0 s)" in str(outcomes[0])
     assert isinstance(outcomes[1], RuntimeError)  # its neighbour closed the ring
     assert seconds < 2.0
+
+
+def test_out_buffers_receive_the_results_and_bad_ones_are_clear_errors():
+    rings = _rings(2)
+    grads = [np.arange(6.0), np.full(6, 10.0)]
+    outs = [[np.empty(6), np.empty(3), np.empty(6)] for _ in rings]
+
+    def work(r, ring):
+        summed = ring.all_reduce(grads[r], out=[outs[r][0]])[0]
+        chunk = ring.reduce_scatter(grads[r], out=outs[r][1])
+        return summed, chunk, ring.all_gather(chunk, out=outs[r][2])
+
+    out, errors, _ = _together(rings, work)
+    assert errors == [None, None]
+    for r, (summed, chunk, gathered) in enumerate(out):
+        assert np.shares_memory(summed, outs[r][0]) and chunk is outs[r][1]
+        assert gathered is outs[r][2]
+        np.testing.assert_array_equal(summed, grads[0] + grads[1])
+        np.testing.assert_array_equal(gathered, grads[0] + grads[1])
+    with pytest.raises(ValueError, match="contiguous 1-D array of 3 float64"):
+        rings[0].reduce_scatter(grads[0], out=np.empty(3, np.float32))
+    with pytest.raises(ValueError, match="one array per input"):
+        rings[0].all_reduce(grads[0], out=[])

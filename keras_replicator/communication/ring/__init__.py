@@ -12,7 +12,7 @@ concept per module:
   listener serving every connection at once.
 - `_frames`: the bytes on the wire: per-call headers, deadlines, one ring step.
 - `_opening`: `SocketRing.connect`'s work: the flat ring, ordered by machine,
-  then (opt-in) its rows and columns.
+  then its rows and columns where the machines form a grid.
 - `_shared_memory`: payloads through shared memory between workers of one
   machine (the sockets carry notes); `_memfd` the anonymous segments,
   `_handover` passing them to the neighbour as descriptors; `_passes` the add,

@@ -7,10 +7,10 @@ exchanged with one all-reduce of the strategy, the ring is ordered by machine
 (`_setup.ring_order`), each worker connects to the next and accepts the previous,
 both proving the job's secret (`_handshake`), and hands its shared-memory
 segment to its right neighbour (`_shared_memory`). A worker's problem makes every
-worker give up together. With `KERAS_REPLICATOR_RING_HIERARCHY=1` on a grid of
-machines, `open_grid` then opens each worker's row and column rings
-(`_hierarchical`). The ring class is passed in, so that nothing here imports
-`_socket_ring` back.
+worker give up together. On a grid of machines (unless
+`KERAS_REPLICATOR_RING_HIERARCHY=0` on some worker), `open_grid` then opens each
+worker's row and column rings (`_hierarchical`). The ring class is passed in,
+so that nothing here imports `_socket_ring` back.
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ from keras_replicator.communication.ring import (
 )
 
 
-def connect(ring_class, strategy, timeout: float, required=True, bucket_bytes=0):
+def connect(
+    ring_class, strategy, timeout: float, required=True, bucket_bytes=0, grid=None
+):
     """`SocketRing.connect`, opening `ring_class` rings (see its docstring)."""
     size = strategy.num_replicas_in_sync
     server, row, problem = _setup.listen(strategy)
     grid_allowed = 0.0
     try:  # checked here, so that every worker decides alike
         _shared_memory.enabled()
-        grid_allowed = float(_hierarchical.enabled())
+        grid_allowed = float(_hierarchical.enabled() if grid is None else grid)
     except ValueError as error:
         problem = problem or str(error)
     # The ring follows the machines; rows and columns only if all allow them.
@@ -68,9 +70,7 @@ def connect(ring_class, strategy, timeout: float, required=True, bucket_bytes=0)
             if s is not None:
                 s.close()
         return _setup.give_up(required, failed, problem)
-    for s in (send, receive):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.settimeout(timeout)
+    _ready(send, receive, timeout)
     step = min(bucket_bytes, 64 * 2**20) // size + 64  # a chunk and the counts
     try:
         link = _shared_memory.open_link(send, receive, time.monotonic() + wait, step)
@@ -137,6 +137,7 @@ def open_grid(
                     size,
                     wait,
                 )
+                _ready(send, receive, timeout)
                 link = None
                 if kind == 0:  # one machine: its payloads through shared memory
                     step = min(bucket_bytes, 64 * 2**20) // per_machine + 64
@@ -162,6 +163,15 @@ def open_grid(
         )
         return None
     return _hierarchical.HierarchicalRing(flat, *rings)
+
+
+def _ready(send, receive, timeout) -> None:
+    """Each small message leaves at once (no Nagle: a header waiting on the
+    peer's delayed ACK stalled the grid's columns 40 ms a call), and no socket
+    call outlives the ring's timeout."""
+    for s in (send, receive):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(timeout)
 
 
 def _sub_secret(secret: bytes, kind: int) -> bytes:

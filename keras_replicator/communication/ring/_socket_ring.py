@@ -96,14 +96,19 @@ class SocketRing:
 
     @classmethod
     def connect(
-        cls, strategy, timeout: float, required: bool = True, bucket_bytes: int = 0
+        cls,
+        strategy,
+        timeout: float,
+        required: bool = True,
+        bucket_bytes: int = 0,
+        grid: bool | None = None,
     ) -> SocketRing | _hierarchical.HierarchicalRing | None:
         """Opens the ring among the strategy's workers (call on every worker).
 
-        With `KERAS_REPLICATOR_RING_HIERARCHY=1` on every worker, on several
-        machines with the same number (>= 2) of workers each, the ring also
-        opens its rows and columns and returns a
-        `_hierarchical.HierarchicalRing`.
+        On several machines with the same number (>= 2) of workers each, the
+        ring also opens its rows and columns and returns a
+        `_hierarchical.HierarchicalRing` (unless some worker sets
+        `KERAS_REPLICATOR_RING_HIERARCHY=0`).
 
         The listening ports and IPv4 addresses are exchanged with one all-reduce
         of the strategy, so no port needs to be configured; each worker's random
@@ -120,19 +125,23 @@ class SocketRing:
                 collectives); connecting then waits at most
                 `_setup.AUTO_CONNECT_TIMEOUT`.
             bucket_bytes: The largest buffer expected, to size shared memory.
+            grid: Whether to open rows and columns where the machines form a
+                grid. Defaults to `None`: `_hierarchical.enabled()` (yes unless
+                `KERAS_REPLICATOR_RING_HIERARCHY=0`); an `AllReduceOptions`
+                `hierarchy` passes True.
 
         Returns:
-            This worker's `SocketRing`, or `None` if `required` is False and some
-            worker could not open it.
+            This worker's `SocketRing` (or `HierarchicalRing`), or `None` if
+            `required` is False and some worker could not open it.
 
         Raises:
             RuntimeError: If `required` and some worker could not open the ring,
                 naming the worker and the reason.
         """
-        return _opening.connect(cls, strategy, timeout, required, bucket_bytes)
+        return _opening.connect(cls, strategy, timeout, required, bucket_bytes, grid)
 
     def all_reduce(
-        self, *arrays: np.ndarray, divide_by=None, counts=None
+        self, *arrays: np.ndarray, divide_by=None, counts=None, out=None
     ) -> list[np.ndarray]:
         """Returns the sums over all workers of `arrays` (one dtype, any shapes).
 
@@ -150,6 +159,9 @@ class SocketRing:
         calls), so no flat copy is made. 16-bit inputs travel in 16 bits but are
         added in float32 (numpy has no vectorised float16 / bfloat16 arithmetic).
 
+        `out`: arrays to write the sums into, one per input (its size, its
+        dtype; not the input itself), for reused buffers. Defaults to new ones.
+
         Raises:
             ValueError: `divide_by` and `counts` both given.
             RuntimeError: If the call fails (a peer died, hung past the collective
@@ -161,7 +173,13 @@ class SocketRing:
                 f"Received: divide_by={divide_by!r}, counts={counts!r}."
             )
         flats = [a.reshape(-1) for a in arrays]
-        results = [_frames.aligned_empty(f.size, f.dtype) for f in flats]
+        outs = [None] * len(flats) if out is None else list(out)
+        if len(outs) != len(flats):
+            raise ValueError(
+                f"`out` must hold one array per input ({len(flats)}). Received: "
+                f"{len(outs)} arrays."
+            )
+        results = [_out(o, f.size, f.dtype) for o, f in zip(outs, flats)]
         dtype = flats[0].dtype if flats else np.dtype("float32")
         total, n = sum(f.size for f in flats), self.size
         if n == 1:
@@ -210,7 +228,7 @@ class SocketRing:
         outputs = [r.reshape(a.shape) for r, a in zip(results, arrays)]
         return outputs if summed is None else [*outputs, summed[0].copy()]
 
-    def reduce_scatter(self, flat: np.ndarray) -> np.ndarray:
+    def reduce_scatter(self, flat: np.ndarray, out=None) -> np.ndarray:
         """Returns chunk `replica` (this worker's index) of the sum of `flat`.
 
         The first phase of `all_reduce` alone: with `L = flat.size // size`,
@@ -221,8 +239,11 @@ class SocketRing:
             flat: This worker's 1-D buffer, its size a multiple of `size` (the
                 same shape and dtype on every worker).
 
+            out: A 1-D array of `flat.size // size` values and `flat`'s dtype to
+                write the chunk into (reused buffers). Defaults to a new one.
+
         Returns:
-            A new 64-byte aligned 1-D array of `flat.size // size` values.
+            `out`, or a new 64-byte aligned 1-D array of `flat.size // size` values.
 
         Raises:
             ValueError: `flat` not 1-D, or not a multiple of `size` values.
@@ -239,7 +260,7 @@ class SocketRing:
         """
         flat, n = _vector(flat, "flat", self.size), self.size
         length = flat.size // n
-        result = _frames.aligned_empty(length, flat.dtype)
+        result = _out(out, length, flat.dtype)
         if n == 1:
             result[...] = flat
         # Partial sums alternate in 2 buffers (one sent, one filling): last `result`.
@@ -250,16 +271,17 @@ class SocketRing:
         self._call("reduce_scatter", flat.dtype, flat.size, self._reduce, mine, into)
         return result
 
-    def all_gather(self, chunk: np.ndarray) -> np.ndarray:
+    def all_gather(self, chunk: np.ndarray, out=None) -> np.ndarray:
         """Returns every worker's 1-D `chunk` (same size and dtype) in rank order.
 
         The second phase of `all_reduce` alone (example: `reduce_scatter`): a new
         64-byte aligned 1-D array, worker r's chunk at `[r * L : (r + 1) * L]`
         (`L = chunk.size`); each worker sends `(size - 1) * L` values. Raises
-        `ValueError` if `chunk` is not 1-D, `RuntimeError` as `all_reduce`."""
+        `ValueError` if `chunk` is not 1-D, `RuntimeError` as `all_reduce`.
+        `out`: as `reduce_scatter`'s (`size * L` values)."""
         chunk = _vector(chunk, "chunk")
         length = chunk.size
-        result = _frames.aligned_empty(self.size * length, chunk.dtype)
+        result = _out(out, self.size * length, chunk.dtype)
         rows = self.order  # worker order[c]'s chunk, in worker order
         result[self.replica * length : (self.replica + 1) * length] = chunk
         pieces = lambda c: [result[rows[c] * length : (rows[c] + 1) * length]]  # noqa: E731
@@ -366,6 +388,18 @@ class SocketRing:
         return RuntimeError(
             f"Socket {name} failed on worker {self.replica}: {self._failure}"
         )
+
+
+def _out(out, size: int, dtype) -> np.ndarray:
+    """`out` (1-D, checked) or a new 64-byte aligned array of `size` values."""
+    if out is None:
+        return _frames.aligned_empty(size, dtype)
+    if out.shape != (size,) or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(
+            f"`out` must be a contiguous 1-D array of {size} {np.dtype(dtype)} "
+            f"values. Received: out.shape={out.shape}, out.dtype={out.dtype}."
+        )
+    return out
 
 
 def _vector(array, name: str, workers: int = 1) -> np.ndarray:
