@@ -11,12 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from keras_replicator.communication.ring import _hierarchical, _setup, _socket_ring
+from keras_replicator.communication.ring import _hierarchical, _socket_ring
+from tests.communication.test_ring_order import connect_on_machines
 from tests.communication.test_shared_memory import _linked_rings
 from tests.communication.test_socket_ring import _rings, _together
 from tests.communication.test_socket_ring_connect import (
-    _Exchange,
-    _Worker,
     threads_as_workers,  # noqa: F401 - a fixture
 )
 
@@ -164,39 +163,11 @@ def test_a_failure_on_one_ring_fails_every_ring_of_the_worker(pieces):
             ring.reduce_scatter(np.ones(64, np.float32))
 
 
-def _connect_all(machines, monkeypatch, grid="1", forced=None):
-    if grid is None:
-        monkeypatch.delenv(_hierarchical.ENVIRONMENT_VARIABLE, raising=False)
-    else:
-        monkeypatch.setenv(_hierarchical.ENVIRONMENT_VARIABLE, grid)
-    claimed = threading.local()
-    monkeypatch.setattr(_setup, "machine_key", lambda: [float(claimed.machine), 0.0])
-    exchange = _Exchange(len(machines))
-    rings, errors = [None] * len(machines), []
-
-    def work(rank):
-        claimed.machine = ord(machines[rank])
-        try:
-            rings[rank] = _socket_ring.SocketRing.connect(
-                _Worker(exchange, rank), timeout=5, bucket_bytes=1 << 20, grid=forced
-            )
-        except Exception as error:  # noqa: BLE001 - checked below
-            errors.append(error)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(machines))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    return rings
-
-
 def test_connect_opens_rows_and_columns_on_a_grid_of_machines(
     threads_as_workers,  # noqa: F811 - the fixture
     monkeypatch,
 ):
-    rings = _connect_all("ABAB", monkeypatch)
+    rings = connect_on_machines("ABAB", monkeypatch)
     assert all(isinstance(r, _hierarchical.HierarchicalRing) for r in rings)
     assert [ring.order for ring in rings] == [[0, 2, 1, 3]] * 4
     assert [(ring.row.rank, ring.column.rank) for ring in rings] == [
@@ -214,7 +185,7 @@ def test_connect_opens_rows_and_columns_on_a_grid_of_machines(
 
 @pytest.mark.parametrize("machines", ["AAAA", "AAAB", "ABCD"])
 def test_no_grid_keeps_the_flat_ring(threads_as_workers, monkeypatch, machines):  # noqa: F811
-    rings = _connect_all(machines, monkeypatch)
+    rings = connect_on_machines(machines, monkeypatch)
     assert all(type(r) is _socket_ring.SocketRing for r in rings)
 
 
@@ -224,7 +195,7 @@ def test_the_grid_is_the_default_and_0_keeps_the_flat_ring(
     monkeypatch,
     setting,
 ):
-    rings = _connect_all("AABB", monkeypatch, grid=setting)
+    rings = connect_on_machines("AABB", monkeypatch, grid=setting)
     wanted = (
         _socket_ring.SocketRing if setting == "0" else _hierarchical.HierarchicalRing
     )
@@ -236,7 +207,7 @@ def test_a_hierarchy_in_the_options_opens_the_grid_whatever_the_environment(
     monkeypatch,
 ):
     # `AllReduceOptions(hierarchy=...)` connects with grid=True.
-    rings = _connect_all("ABAB", monkeypatch, grid="0", forced=True)
+    rings = connect_on_machines("ABAB", monkeypatch, grid="0", forced=True)
     assert all(isinstance(r, _hierarchical.HierarchicalRing) for r in rings)
 
 

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from keras_replicator.communication.ring import _setup, _socket_ring
+from keras_replicator.communication.ring import _hierarchical, _setup, _socket_ring
 from tests.communication.test_socket_ring_connect import (
     _Exchange,
     _Worker,
@@ -104,39 +104,51 @@ def test_an_order_that_misses_a_worker_is_an_early_error():
         _socket_ring.SocketRing(0, 2, a, b, order=[0, 0])
 
 
-def test_connect_puts_each_machines_workers_next_to_each_other(
-    threads_as_workers,  # noqa: F811 - the fixture
-    monkeypatch,
-):
-    machines = "ABAB"  # TF_CONFIG lists h1, h2, h1, h2
-    monkeypatch.setenv("KERAS_REPLICATOR_RING_HIERARCHY", "0")  # the flat ring
+def connect_on_machines(machines, monkeypatch, grid="1", forced=None):
+    """Each worker thread's ring, `connect`ed while claiming machine
+    `machines[rank]` (a letter each), with `KERAS_REPLICATOR_RING_HIERARCHY` set
+    to `grid` (None: unset) and `connect`'s `grid=forced`."""
+    if grid is None:
+        monkeypatch.delenv(_hierarchical.ENVIRONMENT_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(_hierarchical.ENVIRONMENT_VARIABLE, grid)
     claimed = threading.local()
     monkeypatch.setattr(_setup, "machine_key", lambda: [float(claimed.machine), 0.0])
     exchange = _Exchange(len(machines))
     rings, errors = [None] * len(machines), []
-    inputs = [np.arange(40, dtype=np.float32) * (r + 1) for r in range(len(machines))]
-    results = [None] * len(machines)
 
     def work(rank):
         claimed.machine = ord(machines[rank])
         try:
-            ring = _socket_ring.SocketRing.connect(_Worker(exchange, rank), timeout=5)
-            rings[rank] = ring
-            results[rank] = ring.reduce_scatter(inputs[rank])
+            rings[rank] = _socket_ring.SocketRing.connect(
+                _Worker(exchange, rank), timeout=5, bucket_bytes=1 << 20, grid=forced
+            )
         except Exception as error:  # noqa: BLE001 - checked below
             errors.append(error)
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(4)]
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(machines))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(20)
+        t.join(30)
     assert not errors, errors
+    return rings
+
+
+def test_connect_puts_each_machines_workers_next_to_each_other(
+    threads_as_workers,  # noqa: F811 - the fixture
+    monkeypatch,
+):
+    rings = connect_on_machines("ABAB", monkeypatch, grid="0")  # TF_CONFIG: h1 h2 h1 h2
+    inputs = [np.arange(40, dtype=np.float32) * (r + 1) for r in range(4)]
+    results = _on_every_worker(
+        dict(enumerate(rings)), lambda r, ring: ring.reduce_scatter(inputs[r])
+    )
     assert [ring.order for ring in rings] == [[0, 2, 1, 3]] * 4
     assert [ring.replica for ring in rings] == [0, 1, 2, 3]
     assert [ring.rank for ring in rings] == [0, 2, 1, 3]  # positions
     total = sum(inputs)
-    for rank, chunk in enumerate(results):
+    for rank, chunk in results.items():
         np.testing.assert_array_equal(chunk, total[rank * 10 : (rank + 1) * 10])
     # Shared memory: one process here, so every link could map its neighbour's.
     if os.environ.get("KERAS_REPLICATOR_RING_SHARED_MEMORY", "1") != "0":
