@@ -146,7 +146,27 @@ def test_pieces_overlap_and_a_column_failing_midway_fails_every_worker(monkeypat
     _, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(values[r]))
     assert len(errors) == 4 and all(isinstance(e, Exception) for e in errors)
     assert all(ring.column._failure is not None for ring in rings)
+    assert "killed by the test" in rings[3].column._failure
     assert [t.name for t in threading.enumerate()].count("ring-columns") == 0
+
+
+def test_a_row_failing_while_its_column_sends_keeps_the_first_cause(monkeypatch):
+    monkeypatch.setattr(_hierarchical, "PIECE_MIN_BYTES", 400)
+    rings = _grid_rings(2, 2)
+    scatter = rings[0].row.reduce_scatter
+
+    def breaks_on_the_third(*arrays, **kwargs):
+        if rings[0].row.calls == 2:
+            raise ValueError("row broke")
+        return scatter(*arrays, **kwargs)
+
+    rings[0].row.reduce_scatter = breaks_on_the_third
+    values = [np.ones(4000, np.float32) for _ in range(4)]
+    _, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(values[r]))
+    assert len(errors) == 4
+    # The column of worker 0 was failed for the row's error while its helper
+    # thread was sending: its record names the row's error, not the closed socket.
+    assert "row broke" in rings[0].column._failure
 
 
 def test_a_failure_on_one_ring_fails_every_ring_of_the_worker(pieces):

@@ -225,3 +225,5 @@ def test_out_buffers_receive_the_results_and_bad_ones_are_clear_errors():
         rings[0].reduce_scatter(grads[0], out=np.empty(3, np.float32))
     with pytest.raises(ValueError, match="one array per input"):
         rings[0].all_reduce(grads[0], out=[])
+    with pytest.raises(ValueError, match="must not overlap the inputs"):
+        rings[0].all_reduce(grads[0], out=[grads[0]])

@@ -195,13 +195,14 @@ class HierarchicalRing:
     def _scratch(self, name: str, index: int, size: int, dtype) -> np.ndarray:
         """A reused buffer of `size` values: fresh pages cost a fault each.
 
-        Held between calls (about 1.1x the largest buffer summed, for 2 workers
-        a machine); each piece of a call has its own `mine` and `summed`, as
-        the rows and the column hold them at once."""
-        held = self._buffers.get((name, index))
-        if held is None or held.dtype != dtype or held.size < size:
+        Held between calls, one set per dtype (about 1.1x the largest buffer
+        summed, for 2 workers a machine); each piece of a call has its own
+        `mine` and `summed`, as the rows and the column hold them at once."""
+        key = (name, index, np.dtype(dtype).str)  # calls alternate dtypes
+        held = self._buffers.get(key)
+        if held is None or held.size < size:
             held = _frames.aligned_empty(size, dtype)
-            self._buffers[(name, index)] = held
+            self._buffers[key] = held
         return held[:size]
 
 

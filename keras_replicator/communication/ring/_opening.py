@@ -38,7 +38,9 @@ def connect(
     grid_allowed = 0.0
     try:  # checked here, so that every worker decides alike
         _shared_memory.enabled()
-        grid_allowed = float(_hierarchical.enabled() if grid is None else grid)
+        grid_allowed = float(_hierarchical.enabled())  # a bad value fails here
+        if grid is not None:  # an `AllReduceOptions.hierarchy` asks for it
+            grid_allowed = float(grid)
     except ValueError as error:
         problem = problem or str(error)
     # The ring follows the machines; rows and columns only if all allow them.

@@ -179,7 +179,7 @@ class SocketRing:
                 f"`out` must hold one array per input ({len(flats)}). Received: "
                 f"{len(outs)} arrays."
             )
-        results = [_out(o, f.size, f.dtype) for o, f in zip(outs, flats)]
+        results = [_out(o, f.size, f.dtype, flats) for o, f in zip(outs, flats)]
         dtype = flats[0].dtype if flats else np.dtype("float32")
         total, n = sum(f.size for f in flats), self.size
         if n == 1:
@@ -260,7 +260,7 @@ class SocketRing:
         """
         flat, n = _vector(flat, "flat", self.size), self.size
         length = flat.size // n
-        result = _out(out, length, flat.dtype)
+        result = _out(out, length, flat.dtype, [flat])
         if n == 1:
             result[...] = flat
         # Partial sums alternate in 2 buffers (one sent, one filling): last `result`.
@@ -281,7 +281,7 @@ class SocketRing:
         `out`: as `reduce_scatter`'s (`size * L` values)."""
         chunk = _vector(chunk, "chunk")
         length = chunk.size
-        result = _out(out, self.size * length, chunk.dtype)
+        result = _out(out, self.size * length, chunk.dtype, [chunk])
         rows = self.order  # worker order[c]'s chunk, in worker order
         result[self.replica * length : (self.replica + 1) * length] = chunk
         pieces = lambda c: [result[rows[c] * length : (rows[c] + 1) * length]]  # noqa: E731
@@ -377,7 +377,8 @@ class SocketRing:
         where = ""
         if self.order != list(range(self.size)):  # the links name ring positions
             where = f" (ring position {self.rank}; workers by position: {self.order})"
-        self._failure = f"call {self.calls} failed{where}: {cause}."
+        if self._failure is None:  # the first cause, not the closed sockets' after
+            self._failure = f"call {self.calls} failed{where}: {cause}."
         _frames.shut_down(self._send, self._receive)
         for s in (self._send, self._receive):
             s.close()
@@ -390,14 +391,21 @@ class SocketRing:
         )
 
 
-def _out(out, size: int, dtype) -> np.ndarray:
-    """`out` (1-D, checked) or a new 64-byte aligned array of `size` values."""
+def _out(out, size: int, dtype, inputs=()) -> np.ndarray:
+    """`out` (1-D, apart from `inputs`: checked) or a new 64-byte aligned array
+    of `size` values."""
     if out is None:
         return _frames.aligned_empty(size, dtype)
     if out.shape != (size,) or out.dtype != dtype or not out.flags.c_contiguous:
         raise ValueError(
             f"`out` must be a contiguous 1-D array of {size} {np.dtype(dtype)} "
             f"values. Received: out.shape={out.shape}, out.dtype={out.dtype}."
+        )
+    if any(np.may_share_memory(out, array) for array in inputs):
+        raise ValueError(
+            "`out` must not overlap the inputs: partial sums arrive in it while "
+            "the inputs are still being added. Received: an `out` that shares "
+            "memory with an input. Pass a separate array."
         )
     return out
 
