@@ -81,6 +81,9 @@ class ReplicatorState:
         step_functions: Compiled `run_steps` loops, by their arguments.
         sample_counts: Declared sample counts by replica (the one side channel of
             the step: see `keras_integration/_sample_count`).
+        resume_batches: Batches of the next `fit`'s first epoch that a backup made
+            at a preemption already trained on (`_files/backup`, issue 38): its
+            epoch iterator skips them, then sets this back to 0.
     """
 
     options: Any = None
@@ -93,6 +96,7 @@ class ReplicatorState:
     hierarchy: Any = None
     step_functions: dict = dataclasses.field(default_factory=dict)
     sample_counts: dict = dataclasses.field(default_factory=dict)
+    resume_batches: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
 

@@ -202,6 +202,15 @@ PATCHES: tuple[Patch, ...] = (
         "one replica per worker pays the distributed iterator's per-step costs",
     ),
     *_patches(
+        "keras.src.backend.tensorflow.trainer.TFEpochIterator",
+        ("_enumerate_iterator",),
+        "data",
+        _KERAS,
+        "digest",
+        "keras-team/keras#15711 (closed unmerged: fit resumes epochs, not steps)",
+        "a backup made at a preemption would restart its epoch, not resume mid-epoch",
+    ),
+    *_patches(
         "keras.src.saving.saving_lib",
         ("save_model", "save_weights_only"),
         "saving",

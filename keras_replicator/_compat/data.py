@@ -18,9 +18,13 @@ from keras_replicator._compat._patching import (
 )
 from keras_replicator._compat.strategy import in_multi_worker_mode, is_replicator
 
-# Source digest of Keras' epoch iterator constructor, which `_patch_epoch_iterator`
-# stands in for under our strategies (keras==3.15.1; the same on 3.14.1).
-DIGESTS = {"TFEpochIterator.__init__": "901af2700297156f"}
+# Source digests of Keras' epoch iterator constructor, which `_patch_epoch_iterator`
+# stands in for under our strategies, and of the epoch's enumeration, which
+# `_patch_resume_mid_epoch` wraps (keras==3.15.1; the same on 3.14.1).
+DIGESTS = {
+    "TFEpochIterator.__init__": "901af2700297156f",
+    "TFEpochIterator._enumerate_iterator": "376e3e16a928107a",  # EpochIterator's
+}
 
 
 def check_upstream() -> dict[str, str]:
@@ -51,7 +55,10 @@ def check_upstream() -> dict[str, str]:
             {
                 "TFEpochIterator.__init__": unpatched(
                     _tf_trainer.TFEpochIterator.__init__
-                )
+                ),
+                "TFEpochIterator._enumerate_iterator": unpatched(
+                    _tf_trainer.TFEpochIterator._enumerate_iterator
+                ),
             },
         )
     )
@@ -59,10 +66,12 @@ def check_upstream() -> dict[str, str]:
 
 
 def install(hooks) -> None:
-    """Makes a distributed dataset's length unknown to Keras across workers, and
-    lets `hooks.input_for_fit` choose what Keras' epoch iterator iterates."""
+    """Makes a distributed dataset's length unknown to Keras across workers,
+    lets `hooks.input_for_fit` choose what Keras' epoch iterator iterates, and
+    `hooks.take_resume_batches` where its first epoch starts."""
     _patch_distributed_dataset_length()
     _patch_epoch_iterator(hooks)
+    _patch_resume_mid_epoch(hooks)
 
 
 def worker_dataset(distributed):
@@ -129,6 +138,31 @@ def _patch_epoch_iterator(hooks):
         return __init__
 
     replace(_tf_trainer.TFEpochIterator, "__init__", fed_by_hooks)
+
+
+def _patch_resume_mid_epoch(hooks):
+    # A backup made at a preemption resumes mid-epoch (issue 38). Keras' `fit`
+    # has an initial epoch but no initial step, so the batches of the first epoch
+    # that the backup already trained on are read and dropped here: the data
+    # position stays exact, and the steps (and the callbacks' batch numbers)
+    # count on from there. Under our strategies only; once per resume.
+    from keras.src.backend.tensorflow import trainer as _tf_trainer
+
+    def skipping(original):
+        def _enumerate_iterator(self):
+            skip = 0
+            if is_replicator(self._distribute_strategy):
+                skip = hooks.take_resume_batches(self._distribute_strategy)
+            for begin_step, end_step, iterator in original(self):
+                if end_step < skip:  # trained on before the backup
+                    for _ in range(end_step - begin_step + 1):
+                        next(iterator)
+                    continue
+                yield begin_step, end_step, iterator
+
+        return _enumerate_iterator
+
+    replace(_tf_trainer.TFEpochIterator, "_enumerate_iterator", skipping)
 
 
 def _patch_distributed_dataset_length():

@@ -33,6 +33,14 @@ With `save_freq="epoch"` (the default) and a deterministic input order
 (`shuffle=False`), resuming gives the same final weights as an uninterrupted run.
 With an integer `save_freq`, as in stock Keras, a resumed run restarts the
 interrupted epoch from mid-epoch weights.
+
+Preemption (issue 38, `keras_replicator._preemption`): while `fit` runs, SIGTERM
+(or `preemption_signals`) on any worker stops every worker after the same step,
+which is backed up with the batch to resume from (`resume_batch` in the
+metadata); the next start resumes there, mid-epoch, under our strategies: Keras'
+epoch iterator skips the batches already trained on (`_compat.data`), so with a
+deterministic input order the final weights are an uninterrupted run's. Then the
+process exits with 0 (`exit_on_preemption`).
 """
 
 from __future__ import annotations
@@ -41,13 +49,17 @@ import json
 import os
 import re
 import shutil
+import signal
+import sys
 import uuid
+import warnings
 
 import keras
 
-from keras_replicator import _compat
+from keras_replicator import _compat, _preemption
 from keras_replicator._files.atomic_publish import TEMP_MARKER, write_atomically
 from keras_replicator._files.worker_files import is_chief, save_for_worker
+from keras_replicator._replicator_state import replicator_state
 
 __all__ = [
     "METADATA_FILE",
@@ -77,6 +89,9 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         save_freq="epoch",
         double_checkpoint=False,
         delete_checkpoint=True,
+        *,
+        preemption_signals=(signal.SIGTERM,),
+        exit_on_preemption=True,
     ):
         if save_freq is not False and save_freq != "epoch":
             if isinstance(save_freq, bool) or not isinstance(save_freq, int):
@@ -98,6 +113,14 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_epochs_done = 0
         self._kr_last_batch = -1
         self._kr_batches_since_backup = 0
+        self._kr_preemption = _preemption.Preemption(
+            _signal_numbers(preemption_signals)
+        )
+        self.exit_on_preemption = bool(exit_on_preemption)
+        self.preempted = False  # set when a signal stopped `fit`
+        self._kr_epoch = 0  # the epoch in progress
+        self._kr_resume = None  # (epoch, batch) a preempted run resumes at
+        self._kr_stopped_at = None  # (epoch, batch) of a preemption's backup
 
     # Restore ------------------------------------------------------------------
 
@@ -113,9 +136,11 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         state = self._kr_read_backup()
         if is_chief(model):
             self._kr_remove_orphans(keep=self._kr_referenced_files())
+        self.preempted = False
+        self._kr_preemption.listen()
         if state is None:
             return
-        epoch, weights_path = state
+        epoch, weights_path, resume_batch = state
         if weights_path is not None:
             if model.optimizer is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
@@ -126,6 +151,23 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             # way for a callback to move the first epoch.
             _compat.set_initial_epoch(model, epoch)
             self._kr_epochs_done = epoch
+        if epoch is not None and resume_batch:
+            self._kr_resume_at(epoch, resume_batch)
+
+    def _kr_resume_at(self, epoch: int, batch: int) -> None:
+        """Makes the first epoch (`epoch`) start at `batch`: a preempted backup."""
+        state = replicator_state(self.model.distribute_strategy)
+        if state is None:
+            warnings.warn(
+                f"The backup in {self.backup_dir!r} was made at batch {batch} of "
+                f"epoch {epoch} (a preemption); resuming mid-epoch needs one of "
+                "keras_replicator's strategies, so this run restarts that epoch "
+                "from its first batch with the backed-up weights.",
+                stacklevel=3,
+            )
+            return
+        state.resume_batches = batch  # skipped by the epoch iterator
+        self._kr_resume = (epoch, batch)
 
     def _kr_read_backup(self):
         """`(epoch, weights path)` of the newest readable backup, or None."""
@@ -144,10 +186,11 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             name = metadata.get("weights")
             weights = self._kr_path(name) if name else None
             if weights is not None and _readable_h5(weights, errors):
-                return metadata.get("epoch"), weights
+                return metadata.get("epoch"), weights, metadata.get("resume_batch")
             if weights is None:
                 stock = self._kr_path(STOCK_WEIGHTS_FILE)
-                return metadata.get("epoch"), stock if os.path.exists(stock) else None
+                stock = stock if os.path.exists(stock) else None
+                return metadata.get("epoch"), stock, None
         if damaged:
             raise OSError(self._kr_damaged_message(damaged, errors))
         if errors:
@@ -156,7 +199,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"({errors[0]}). Delete the directory to start over."
             )
         stock = self._kr_path(STOCK_WEIGHTS_FILE)
-        return (None, stock) if os.path.exists(stock) else None
+        return (None, stock, None) if os.path.exists(stock) else None
 
     def _kr_damaged_message(self, damaged: list, errors: list) -> str:
         states = sorted(
@@ -182,9 +225,22 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     # Back up ------------------------------------------------------------------
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._kr_epoch = epoch
         self._kr_last_batch = -1
+        if self._kr_resume is not None and self._kr_resume[0] == epoch:
+            self._kr_last_batch = self._kr_resume[1] - 1  # batches before: skipped
+        self._kr_resume = None
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._kr_preemption.listening and _preemption.any_worker(
+            self.model.distribute_strategy, self._kr_preemption.received is not None
+        ):
+            self._kr_back_up(self._kr_epoch, batch, resume_batch=batch + 1)
+            self._kr_stopped_at = (self._kr_epoch, batch)
+            self.preempted = True
+            self.model.stop_training = True
+            self._kr_preemption.stop_listening()
+            return
         if self.save_freq in ("epoch", False):
             return
         step = batch - self._kr_last_batch if batch > self._kr_last_batch else 1
@@ -195,11 +251,13 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             self._kr_back_up(self._kr_epochs_done, batch)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.preempted:
+            return  # backed up at the step; the epoch did not end
         self._kr_epochs_done = epoch + 1
         if self.save_freq == "epoch":
             self._kr_back_up(epoch + 1, 0)
 
-    def _kr_back_up(self, epoch: int, batch: int) -> None:
+    def _kr_back_up(self, epoch: int, batch: int, resume_batch=None) -> None:
         name = f"state-e{epoch}-b{batch}-{uuid.uuid4().hex[:8]}.weights.h5"
         weights = self._kr_path(name)
 
@@ -216,7 +274,10 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             previous = None  # not a backup to fall back to
         if self.double_checkpoint and previous is not None:
             _write_json(metadata_path + PREVIOUS_SUFFIX, previous)
-        _write_json(metadata_path, {"epoch": epoch, "batch": batch, "weights": name})
+        metadata = {"epoch": epoch, "batch": batch, "weights": name}
+        if resume_batch is not None:
+            metadata["resume_batch"] = resume_batch
+        _write_json(metadata_path, metadata)
         self._kr_link_for_stock_keras(weights)
         self._kr_remove_orphans(keep=self._kr_referenced_files())
 
@@ -236,8 +297,26 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         write_atomically(self._kr_path(STOCK_WEIGHTS_FILE), write)
 
     def on_train_end(self, logs=None):
+        self._kr_preemption.stop_listening()
+        if self.preempted:
+            self._kr_exit_preempted()
+            return
         if self.delete_checkpoint and is_chief(self.model):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+    def _kr_exit_preempted(self) -> None:
+        epoch, batch = self._kr_stopped_at
+        where = f"epoch {epoch}, after batch {batch}"
+        number = self._kr_preemption.received
+        cause = signal.Signals(number).name if number else "another worker's signal"
+        print(
+            f"keras_replicator: preempted ({cause}): backed up at {where} in "
+            f"{self.backup_dir!r}; start the same job again to resume there.",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self.exit_on_preemption:
+            raise SystemExit(0)
 
     # Files --------------------------------------------------------------------
 
@@ -345,3 +424,24 @@ def _readable_h5(path: str, errors: list) -> bool:
     except OSError as error:
         errors.append(f"{os.path.basename(path)}: {error}")
         return False
+
+
+def _signal_numbers(signals) -> tuple:
+    """`preemption_signals` as signal numbers; a clear error for anything else."""
+    if signals is None:
+        return ()
+    if isinstance(signals, (int, str)):
+        signals = (signals,)
+    numbers = []
+    for value in signals:
+        try:
+            numbers.append(
+                int(getattr(signal, value) if isinstance(value, str) else value)
+            )
+        except (AttributeError, TypeError, ValueError):
+            raise ValueError(
+                "`preemption_signals` must be signal numbers or names (e.g. "
+                f"(signal.SIGTERM,) or 'SIGUSR1'), or None. Received: "
+                f"preemption_signals={signals!r}."
+            ) from None
+    return tuple(numbers)

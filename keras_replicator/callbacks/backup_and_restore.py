@@ -34,7 +34,8 @@ __all__ = [
 class BackupAndRestore(AtomicBackupAndRestore):
     """Backs up and restores the training state, safely on several workers.
 
-    Same arguments as `keras.callbacks.BackupAndRestore`. Differences:
+    Keras' `keras.callbacks.BackupAndRestore` arguments, and two of its own
+    for preemption (keyword-only). Differences:
 
     - Only the chief writes to `backup_dir`; every worker restores from it, so
       all workers can be given the same `backup_dir` (stock Keras crashes;
@@ -47,6 +48,10 @@ class BackupAndRestore(AtomicBackupAndRestore):
       it with the same weights and epoch a run without the crash would have had.
     - `double_checkpoint=True` keeps the previous backup too, and restores it
       if the latest weights cannot be read.
+    - Preemption (docs/preemption.md): while `fit` runs, SIGTERM on any worker
+      stops every worker after the same step, backs up there, and exits the
+      process with 0; the next start resumes at the next batch (mid-epoch, under
+      keras_replicator's strategies), as if never stopped.
 
     Args:
         backup_dir: Directory for the backup, on storage every worker can read.
@@ -57,6 +62,15 @@ class BackupAndRestore(AtomicBackupAndRestore):
             `False`.
         delete_checkpoint: Delete `backup_dir` when training finishes.
             Defaults to `True`.
+        preemption_signals: Signals (numbers or names, e.g. `"SIGUSR1"`) that
+            mean "preempted"; `None` or `()` to not listen. Defaults to
+            `(signal.SIGTERM,)`.
+        exit_on_preemption: After a preemption's backup, exit the process with
+            0 (`SystemExit` from `fit`). False: `fit` returns and `preempted`
+            is True. Defaults to `True`.
+
+    Attributes:
+        preempted: Whether a preemption stopped the last `fit`.
 
     Example:
     >>> import os, tempfile, numpy as np, keras

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from keras_replicator import _compat, _roles
 from keras_replicator._files import backup, worker_files
+from keras_replicator._replicator_state import replicator_state
 from keras_replicator.communication import _reduction
 from keras_replicator.keras_integration import (
     _accumulation,
@@ -46,6 +47,16 @@ class KerasHooks:
     # What Keras' epoch iterator iterates: plain tf.data with one replica per
     # worker (`_compat/data.py`).
     input_for_fit = staticmethod(_fit_input.input_for_fit)
+
+    @staticmethod
+    def take_resume_batches(strategy) -> int:
+        """The batches of `fit`'s first epoch a preemption backup already trained
+        on (`_files/backup`; issue 38), or 0; once: later epochs start at 0."""
+        state = replicator_state(strategy)
+        if state is None:
+            return 0
+        batches, state.resume_batches = state.resume_batches, 0
+        return batches
 
     check_model_in_scope = staticmethod(_validation.check_model_in_scope)
     check_global_batch_size = staticmethod(_validation.check_global_batch_size)

@@ -67,11 +67,14 @@ def uninterrupted(initial):
     return model.get_weights()
 
 
-def test_is_the_keras_callback_with_the_same_arguments():
+def test_is_the_keras_callback_with_its_arguments_and_keyword_only_extras():
     assert issubclass(BackupAndRestore, keras.callbacks.BackupAndRestore)
-    assert inspect.signature(BackupAndRestore.__init__) == inspect.signature(
-        keras.callbacks.BackupAndRestore.__init__
-    )
+    ours = list(inspect.signature(BackupAndRestore.__init__).parameters.values())
+    keras_own = inspect.signature(keras.callbacks.BackupAndRestore.__init__)
+    assert ours[: len(keras_own.parameters)] == list(keras_own.parameters.values())
+    extras = ours[len(keras_own.parameters) :]
+    assert [p.name for p in extras] == ["preemption_signals", "exit_on_preemption"]
+    assert all(p.kind is p.KEYWORD_ONLY for p in extras)
 
 
 @pytest.mark.parametrize("save_freq", [0, -3, "batch", 1.5, True])

@@ -1,0 +1,123 @@
+"""Preemption (issue 38): a signal stops `fit` after the step in flight, backed up
+there, and the next `fit` resumes at the next batch, as if never stopped."""
+
+import json
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+
+import keras_replicator as kr
+from keras_replicator._files import backup as engine
+from keras_replicator.callbacks import BackupAndRestore
+
+EPOCHS, BATCH, SAMPLES = 3, 16, 96  # 6 steps an epoch
+
+
+class SignalAt(keras.callbacks.Callback):
+    """Sends this process `number` at the start of batch `at[1]` of epoch `at[0]`,
+    as a scheduler would mid-step; records the batches that ran."""
+
+    def __init__(self, at=None, number=signal.SIGTERM):
+        super().__init__()
+        self.at, self.number, self.epoch, self.ran = at, number, None, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.ran.append((self.epoch, batch))
+        if (self.epoch, batch) == self.at:
+            os.kill(os.getpid(), self.number)
+
+
+@pytest.fixture
+def float64():
+    keras.backend.set_floatx("float64")
+    yield
+    keras.backend.set_floatx("float32")
+
+
+def _fit(callbacks, strategy=None):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(SAMPLES, 6)), rng.normal(size=(SAMPLES, 1))
+    strategy = strategy or kr.MultiDeviceReplicator(num_replicas=2)
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(8, activation="tanh"),
+                keras.layers.Dense(1),
+            ]
+        )
+        # A schedule: the resumed steps must continue its count.
+        decay = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
+        model.compile(keras.optimizers.SGD(decay, momentum=0.5), "mse")
+    model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+    return model
+
+
+def _metadata(directory):
+    return json.loads((directory / engine.METADATA_FILE).read_text())
+
+
+@pytest.mark.parametrize("save_freq", ["epoch", 4])
+def test_a_signal_backs_up_at_the_step_and_the_next_fit_resumes_there(
+    tmp_path, float64, save_freq
+):
+    uninterrupted = _fit([]).get_weights()
+    backup = BackupAndRestore(
+        tmp_path / "b",
+        save_freq=save_freq,
+        delete_checkpoint=False,
+        exit_on_preemption=False,
+    )
+    signalled = SignalAt((1, 2))
+    _fit([backup, signalled])
+    assert backup.preempted
+    assert signalled.ran[-1] == (1, 2)  # the step in flight finished, no other
+    metadata = _metadata(tmp_path / "b")
+    assert (metadata["epoch"], metadata["batch"], metadata["resume_batch"]) == (1, 2, 3)
+    # Python's handler is back once `fit` is over.
+    assert signal.getsignal(signal.SIGTERM) is not backup._kr_preemption._record
+
+    resumed = SignalAt()
+    model = _fit([BackupAndRestore(tmp_path / "b", save_freq=save_freq), resumed])
+    assert resumed.ran[0] == (1, 3)  # the next batch of the same epoch
+    assert len(resumed.ran) == 3 + 6
+    for got, want in zip(model.get_weights(), uninterrupted):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_by_default_the_process_exits_with_0_after_the_backup(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        _fit([BackupAndRestore(tmp_path / "b"), SignalAt((0, 4))])
+    assert exit_.value.code == 0
+    assert _metadata(tmp_path / "b")["resume_batch"] == 5
+
+
+def test_a_user_set_signal_and_none(tmp_path):
+    backup = BackupAndRestore(
+        tmp_path / "b", preemption_signals="SIGUSR1", exit_on_preemption=False
+    )
+    _fit([backup, SignalAt((0, 1), signal.SIGUSR1)])
+    assert backup.preempted
+    with pytest.raises(ValueError, match="Received: preemption_signals="):
+        BackupAndRestore(tmp_path, preemption_signals=["SIGNOPE"])
+
+
+def test_without_a_signal_nothing_changes(tmp_path):
+    backup = BackupAndRestore(tmp_path / "b", exit_on_preemption=False)
+    _fit([backup])
+    assert not backup.preempted and not os.path.exists(tmp_path / "b")

@@ -1,0 +1,120 @@
+"""Preemption between real worker processes on 127.0.0.1 (issue 38).
+
+SIGTERM reaches one of 2 workers in the middle of an epoch (from inside the
+worker, at a known batch, through the real handler); both workers stop after
+that step, back up at it and exit with 0; the next start resumes at the next
+batch and ends with the weights of one device that was never stopped.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from keras_replicator.launch import run_workers
+
+pytestmark = pytest.mark.multi_worker
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras, numpy as np
+    import keras_replicator as kr
+    keras.backend.set_floatx("float64")
+    backup_dir, signal_at, which = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    worker = int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0"))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(96, 6)), rng.normal(size=(96, 1))
+    options = {"collective": kr.AllReduceOptions(transport="collective"),
+               "sharded": kr.AllReduceOptions(shard_weight_update=True)}
+    if "TF_CONFIG" in os.environ:
+        strategy = kr.MultiWorkerReplicator(all_reduce=options.get(which))
+    else:
+        strategy = tf.distribute.get_strategy()
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((6,)),
+            keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+        decay = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
+        model.compile(keras.optimizers.SGD(decay, momentum=0.5), "mse")
+
+    class SignalAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+        def on_train_batch_begin(self, batch, logs=None):
+            if signal_at and [self.epoch, batch, worker] == signal_at:
+                print(f"SIGNALLED {time.monotonic()}", flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    callbacks = []
+    if backup_dir != "-":
+        kind = keras.callbacks if which == "keras" else kr.callbacks
+        callbacks = [kind.BackupAndRestore(backup_dir), SignalAt()]
+    try:
+        model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                  callbacks=callbacks)
+    except SystemExit:
+        print(f"EXITED {time.monotonic()}", flush=True)
+        raise
+    print("WEIGHTS " + json.dumps([w.tolist() for w in model.get_weights()]))
+    """
+)
+
+
+def _weights(output):
+    line = next(ln for ln in output.splitlines() if ln.startswith("WEIGHTS "))
+    return [np.asarray(w) for w in json.loads(line[len("WEIGHTS ") :])]
+
+
+def _stamp(output, word):
+    line = next(ln for ln in output.splitlines() if ln.startswith(word + " "))
+    return float(line.split()[1])
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize(
+    "which",
+    [
+        "ours",  # kr.callbacks.BackupAndRestore on the socket ring
+        pytest.param("keras", marks=pytest.mark.slow),  # Keras' own, routed to ours
+        pytest.param("collective", marks=pytest.mark.slow),  # TF's collectives
+        pytest.param("sharded", marks=pytest.mark.slow),  # shard_weight_update
+    ],
+)
+def test_sigterm_to_one_of_two_workers_backs_up_at_the_step_and_resumes_exactly(
+    tmp_path, which
+):
+    one_device = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, "-", "null", which],
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    expected = _weights(one_device.stdout + one_device.stderr)
+    backup = str(tmp_path / "backup")
+    command = [sys.executable, "-c", _SCRIPT, backup]
+
+    stopped = run_workers(command + ["[1, 2, 1]", which], 2, timeout=180, echo=False)
+    outputs = [w.output for w in stopped.workers]
+    assert [w.returncode for w in stopped.workers] == [0, 0], outputs
+    assert not any("WEIGHTS" in out for out in outputs)  # neither trained on
+    assert all("preempted" in out for out in outputs), outputs
+    # The signalled worker was out within seconds (a grace period is ~30 s).
+    assert _stamp(outputs[1], "EXITED") - _stamp(outputs[1], "SIGNALLED") < 15
+    with open(os.path.join(backup, "training_metadata.json")) as file:
+        metadata = json.load(file)
+    assert (metadata["epoch"], metadata["batch"], metadata["resume_batch"]) == (1, 2, 3)
+
+    resumed = run_workers(command + ["null", which], 2, timeout=180, echo=False)
+    assert resumed.ok, [w.output for w in resumed.workers]
+    for worker in resumed.workers:
+        for got, want in zip(_weights(worker.output), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
