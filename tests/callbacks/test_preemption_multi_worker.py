@@ -118,3 +118,31 @@ def test_sigterm_to_one_of_two_workers_backs_up_at_the_step_and_resumes_exactly(
     for worker in resumed.workers:
         for got, want in zip(_weights(worker.output), expected):
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("which", ["ours", "sharded"])
+def test_a_backup_made_on_three_workers_resumes_on_two_like_one_device(
+    tmp_path, which
+):
+    # The numbers side of elastic training (issue 38): the global batch is the
+    # user's, so 3 workers up to the backup and 2 after it train like one device.
+    one_device = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, "-", "null", which],
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    expected = _weights(one_device.stdout + one_device.stderr)
+    command = [sys.executable, "-c", _SCRIPT, str(tmp_path / "backup")]
+    stopped = run_workers(command + ["[1, 1, 2]", which], 3, timeout=240, echo=False)
+    assert [w.returncode for w in stopped.workers] == [0, 0, 0], [
+        w.output[-2000:] for w in stopped.workers
+    ]
+    resumed = run_workers(command + ["null", which], 2, timeout=240, echo=False)
+    assert resumed.ok, [w.output[-2000:] for w in resumed.workers]
+    for worker in resumed.workers:
+        for got, want in zip(_weights(worker.output), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
