@@ -123,9 +123,7 @@ def test_sigterm_to_one_of_two_workers_backs_up_at_the_step_and_resumes_exactly(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("which", ["ours", "sharded"])
-def test_a_backup_made_on_three_workers_resumes_on_two_like_one_device(
-    tmp_path, which
-):
+def test_a_backup_made_on_three_workers_resumes_on_two_like_one_device(tmp_path, which):
     # The numbers side of elastic training (issue 38): the global batch is the
     # user's, so 3 workers up to the backup and 2 after it train like one device.
     one_device = subprocess.run(
