@@ -73,6 +73,18 @@ def _weights(output):
     return [np.asarray(w) for w in json.loads(line[len("WEIGHTS ") :])]
 
 
+def _one_device(which):
+    """The weights of one device that was never stopped (no `TF_CONFIG`)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, "-", "null", which],
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return _weights(run.stdout + run.stderr)
+
+
 def _stamp(output, word):
     line = next(ln for ln in output.splitlines() if ln.startswith(word + " "))
     return float(line.split()[1])
@@ -91,14 +103,7 @@ def _stamp(output, word):
 def test_sigterm_to_one_of_two_workers_backs_up_at_the_step_and_resumes_exactly(
     tmp_path, which
 ):
-    one_device = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, "-", "null", which],
-        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    expected = _weights(one_device.stdout + one_device.stderr)
+    expected = _one_device(which)
     backup = str(tmp_path / "backup")
     command = [sys.executable, "-c", _SCRIPT, backup]
 
@@ -126,14 +131,7 @@ def test_sigterm_to_one_of_two_workers_backs_up_at_the_step_and_resumes_exactly(
 def test_a_backup_made_on_three_workers_resumes_on_two_like_one_device(tmp_path, which):
     # The numbers side of elastic training (issue 38): the global batch is the
     # user's, so 3 workers up to the backup and 2 after it train like one device.
-    one_device = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, "-", "null", which],
-        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    expected = _weights(one_device.stdout + one_device.stderr)
+    expected = _one_device(which)
     command = [sys.executable, "-c", _SCRIPT, str(tmp_path / "backup")]
     stopped = run_workers(command + ["[1, 1, 2]", which], 3, timeout=240, echo=False)
     assert [w.returncode for w in stopped.workers] == [0, 0, 0], [

@@ -127,6 +127,18 @@ def test_the_columns_carry_half_of_what_the_flat_ring_sends_between_machines():
     assert [ring.flat.bytes_sent for ring in rings] == [0] * 4
 
 
+def _fails(ring, method, after_calls, error):
+    """Makes `ring.<method>` raise `error` once `ring` has made `after_calls` calls."""
+    original = getattr(ring, method)
+
+    def failing(*arrays, **kwargs):
+        if ring.calls == after_calls:
+            raise error
+        return original(*arrays, **kwargs)
+
+    setattr(ring, method, failing)
+
+
 def test_pieces_overlap_and_a_column_failing_midway_fails_every_worker(monkeypatch):
     # 40 pieces: worker 3's column dies on its 5th call, while the rows hold
     # later pieces; every worker fails (none hangs) and stays failed.
@@ -134,14 +146,7 @@ def test_pieces_overlap_and_a_column_failing_midway_fails_every_worker(monkeypat
     monkeypatch.setattr(_hierarchical, "PIECES", 40)
     assert len(_hierarchical._piece_bounds(4000, 4, 2)) == 41
     rings = _grid_rings(2, 2)
-    column_call = rings[3].column.all_reduce
-
-    def dies_on_the_fifth(*arrays, **kwargs):
-        if rings[3].column.calls == 4:
-            raise ConnectionError("killed by the test")
-        return column_call(*arrays, **kwargs)
-
-    rings[3].column.all_reduce = dies_on_the_fifth
+    _fails(rings[3].column, "all_reduce", 4, ConnectionError("killed by the test"))
     values = [np.ones(4000, np.float32) for _ in range(4)]
     _, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(values[r]))
     assert len(errors) == 4 and all(isinstance(e, Exception) for e in errors)
@@ -153,14 +158,7 @@ def test_pieces_overlap_and_a_column_failing_midway_fails_every_worker(monkeypat
 def test_a_row_failing_while_its_column_sends_keeps_the_first_cause(monkeypatch):
     monkeypatch.setattr(_hierarchical, "PIECE_MIN_BYTES", 400)
     rings = _grid_rings(2, 2)
-    scatter = rings[0].row.reduce_scatter
-
-    def breaks_on_the_third(*arrays, **kwargs):
-        if rings[0].row.calls == 2:
-            raise ValueError("row broke")
-        return scatter(*arrays, **kwargs)
-
-    rings[0].row.reduce_scatter = breaks_on_the_third
+    _fails(rings[0].row, "reduce_scatter", 2, ValueError("row broke"))  # 3rd call
     values = [np.ones(4000, np.float32) for _ in range(4)]
     _, errors = _on_every_worker(rings, lambda r, ring: ring.all_reduce(values[r]))
     assert len(errors) == 4
