@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from keras_replicator._replicator_state import replicator_state
 
-__all__ = ["Preemption", "any_worker"]
+__all__ = ["Preemption", "any_worker", "signal_numbers"]
 
 
 class Preemption:
@@ -105,3 +105,29 @@ def any_worker(strategy, signalled: bool) -> bool:
 
     summed = strategy.experimental_local_results(strategy.run(reduce))[0]
     return bool(summed.numpy()[0] > 0)
+
+
+def signal_numbers(signals) -> tuple:
+    """`preemption_signals` as signal numbers; a clear error for anything else.
+
+    Example:
+    >>> signal_numbers("SIGTERM") == (signal.SIGTERM,), signal_numbers(None)
+    (True, ())
+    """
+    if signals is None:
+        return ()
+    if isinstance(signals, (int, str)):
+        signals = (signals,)
+    numbers = []
+    for value in signals:
+        try:
+            numbers.append(
+                int(getattr(signal, value) if isinstance(value, str) else value)
+            )
+        except (AttributeError, TypeError, ValueError):
+            raise ValueError(
+                "`preemption_signals` must be signal numbers or names (e.g. "
+                f"(signal.SIGTERM,) or 'SIGUSR1'), or None. Received: "
+                f"preemption_signals={signals!r}."
+            ) from None
+    return tuple(numbers)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -58,6 +57,18 @@ import keras
 
 from keras_replicator import _compat, _preemption
 from keras_replicator._files.atomic_publish import TEMP_MARKER, write_atomically
+from keras_replicator._files.backup_files import (
+    METADATA_FILE,
+    PREVIOUS_SUFFIX,
+    STOCK_WEIGHTS_FILE,
+)
+from keras_replicator._files.backup_files import STATE_FILE as _STATE_FILE
+from keras_replicator._files.backup_files import DamagedMetadata as _DamagedMetadata
+from keras_replicator._files.backup_files import listdir as _listdir
+from keras_replicator._files.backup_files import load_metadata as _load_metadata
+from keras_replicator._files.backup_files import readable_h5 as _readable_h5
+from keras_replicator._files.backup_files import state_order as _state_order
+from keras_replicator._files.backup_files import write_json as _write_json
 from keras_replicator._files.worker_files import is_chief, save_for_worker
 from keras_replicator._replicator_state import replicator_state
 
@@ -67,11 +78,6 @@ __all__ = [
     "STOCK_WEIGHTS_FILE",
     "AtomicBackupAndRestore",
 ]
-
-METADATA_FILE = "training_metadata.json"
-PREVIOUS_SUFFIX = ".bkp"
-STOCK_WEIGHTS_FILE = "latest.weights.h5"
-_STATE_FILE = re.compile(r"^state-e\d+-b-?\d+-[0-9a-f]+\.weights\.h5$")
 
 
 class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -114,7 +120,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_last_batch = -1
         self._kr_batches_since_backup = 0
         self._kr_preemption = _preemption.Preemption(
-            _signal_numbers(preemption_signals)
+            _preemption.signal_numbers(preemption_signals)
         )
         self.exit_on_preemption = bool(exit_on_preemption)
         self.preempted = False  # set when a signal stopped `fit`
@@ -348,100 +354,3 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                     os.remove(path)
                 except OSError:
                     pass  # removed concurrently, or a directory: not ours
-
-
-class _DamagedMetadata(Exception):
-    """`training_metadata.json` exists but does not hold a backup's state."""
-
-
-def _load_metadata(path: str):
-    """The metadata at `path`, None if there is none; `_DamagedMetadata` if bad.
-
-    Ours holds `epoch`, `batch` and `weights`; stock Keras' `epoch` and `batch`.
-    """
-    try:
-        with open(path, "rb") as file:
-            content = file.read()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise _DamagedMetadata(f"{path} cannot be read ({error})") from error
-    try:
-        metadata = json.loads(content)
-    except ValueError as error:
-        raise _DamagedMetadata(
-            f"{path} is not valid JSON ({error}; {len(content)} bytes: "
-            f"{content[:80]!r})"
-        ) from error
-    epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
-    weights = metadata.get("weights") if isinstance(metadata, dict) else None
-    if (
-        not isinstance(epoch, int)
-        or isinstance(epoch, bool)
-        or epoch < 0
-        or not (
-            weights is None or (isinstance(weights, str) and _STATE_FILE.match(weights))
-        )
-    ):
-        raise _DamagedMetadata(
-            f"{path} does not hold a backup's state (expected e.g. "
-            f'{{"epoch": 2, "batch": 0, "weights": "state-e2-b0-<hex>.weights.h5"}}, '
-            f"got {metadata!r:.200})"
-        )
-    return metadata
-
-
-def _listdir(path: str) -> list:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-
-
-def _state_order(name: str) -> tuple:
-    """(epoch, batch) of a `state-e<epoch>-b<batch>-<token>.weights.h5` name."""
-    epoch, batch = re.match(r"^state-e(\d+)-b(-?\d+)-", name).groups()
-    return int(epoch), int(batch)
-
-
-def _write_json(path: str, value) -> None:
-    def write(temporary):
-        with open(temporary, "w") as file:
-            json.dump(value, file)
-
-    write_atomically(path, write)
-
-
-def _readable_h5(path: str, errors: list) -> bool:
-    if not os.path.exists(path):
-        errors.append(f"{os.path.basename(path)} is missing")
-        return False
-    try:
-        import h5py
-
-        with h5py.File(path, "r"):
-            return True
-    except OSError as error:
-        errors.append(f"{os.path.basename(path)}: {error}")
-        return False
-
-
-def _signal_numbers(signals) -> tuple:
-    """`preemption_signals` as signal numbers; a clear error for anything else."""
-    if signals is None:
-        return ()
-    if isinstance(signals, (int, str)):
-        signals = (signals,)
-    numbers = []
-    for value in signals:
-        try:
-            numbers.append(
-                int(getattr(signal, value) if isinstance(value, str) else value)
-            )
-        except (AttributeError, TypeError, ValueError):
-            raise ValueError(
-                "`preemption_signals` must be signal numbers or names (e.g. "
-                f"(signal.SIGTERM,) or 'SIGUSR1'), or None. Received: "
-                f"preemption_signals={signals!r}."
-            ) from None
-    return tuple(numbers)

@@ -11,6 +11,7 @@ concept per module:
 - `_handshake`: who gets in: the job's secret, proven by every connection; the
   listener serving every connection at once.
 - `_frames`: the bytes on the wire: per-call headers, deadlines, one ring step.
+- `_arrays`: the calls' arrays: checked inputs and `out=` buffers, count slots.
 - `_opening`: `SocketRing.connect`'s work: the flat ring, ordered by machine,
   then its rows and columns where the machines form a grid.
 - `_shared_memory`: payloads through shared memory between workers of one

@@ -41,6 +41,7 @@ import numpy as np
 
 from keras_replicator.communication import _division
 from keras_replicator.communication.ring import (
+    _arrays,
     _frames,
     _hierarchical,
     _opening,
@@ -179,7 +180,9 @@ class SocketRing:
                 f"`out` must hold one array per input ({len(flats)}). Received: "
                 f"{len(outs)} arrays."
             )
-        results = [_out(o, f.size, f.dtype, flats) for o, f in zip(outs, flats)]
+        results = [
+            _arrays.output(o, f.size, f.dtype, flats) for o, f in zip(outs, flats)
+        ]
         dtype = flats[0].dtype if flats else np.dtype("float32")
         total, n = sum(f.size for f in flats), self.size
         if n == 1:
@@ -187,7 +190,8 @@ class SocketRing:
                 r[...] = f
         bounds = [k * total // n for k in range(n + 1)]
         offsets = np.cumsum([0] + [f.size for f in flats])
-        slots = _count_slots(counts, n)  # (every chunk's copy, their sums) or None
+        # (every chunk's copy of the counts, their sums) or None
+        slots = _arrays.count_slots(counts, n)
 
         def pieces(buffers, chunk, slot=None):
             lo, hi = bounds[chunk], bounds[chunk + 1]
@@ -258,9 +262,9 @@ class SocketRing:
         >>> out[1], rings[1].bytes_sent  # 2 float64 values in each phase
         (array([10., 11., 12., 13.]), 32)
         """
-        flat, n = _vector(flat, "flat", self.size), self.size
+        flat, n = _arrays.vector(flat, "flat", self.size), self.size
         length = flat.size // n
-        result = _out(out, length, flat.dtype, [flat])
+        result = _arrays.output(out, length, flat.dtype, [flat])
         if n == 1:
             result[...] = flat
         # Partial sums alternate in 2 buffers (one sent, one filling): last `result`.
@@ -279,9 +283,9 @@ class SocketRing:
         (`L = chunk.size`); each worker sends `(size - 1) * L` values. Raises
         `ValueError` if `chunk` is not 1-D, `RuntimeError` as `all_reduce`.
         `out`: as `reduce_scatter`'s (`size * L` values)."""
-        chunk = _vector(chunk, "chunk")
+        chunk = _arrays.vector(chunk, "chunk")
         length = chunk.size
-        result = _out(out, self.size * length, chunk.dtype, [chunk])
+        result = _arrays.output(out, self.size * length, chunk.dtype, [chunk])
         rows = self.order  # worker order[c]'s chunk, in worker order
         result[self.replica * length : (self.replica + 1) * length] = chunk
         pieces = lambda c: [result[rows[c] * length : (rows[c] + 1) * length]]  # noqa: E731
@@ -389,49 +393,3 @@ class SocketRing:
         return RuntimeError(
             f"Socket {name} failed on worker {self.replica}: {self._failure}"
         )
-
-
-def _out(out, size: int, dtype, inputs=()) -> np.ndarray:
-    """`out` (1-D, apart from `inputs`: checked) or a new 64-byte aligned array
-    of `size` values."""
-    if out is None:
-        return _frames.aligned_empty(size, dtype)
-    if out.shape != (size,) or out.dtype != dtype or not out.flags.c_contiguous:
-        raise ValueError(
-            f"`out` must be a contiguous 1-D array of {size} {np.dtype(dtype)} "
-            f"values. Received: out.shape={out.shape}, out.dtype={out.dtype}."
-        )
-    if any(np.may_share_memory(out, array) for array in inputs):
-        raise ValueError(
-            "`out` must not overlap the inputs: partial sums arrive in it while "
-            "the inputs are still being added. Received: an `out` that shares "
-            "memory with an input. Pass a separate array."
-        )
-    return out
-
-
-def _vector(array, name: str, workers: int = 1) -> np.ndarray:
-    """`array` as contiguous 1-D, or a `ValueError` naming `name`."""
-    array = np.asarray(array)
-    if array.ndim != 1:
-        raise ValueError(
-            f"`{name}` must be a 1-D array. Received: {name}.shape={array.shape}. "
-            f"Pass `{name}.reshape(-1)`."
-        )
-    if array.size % workers:
-        raise ValueError(
-            f"`{name}` must hold a multiple of the ring's {workers} workers' values, "
-            f"one equal chunk each. Received: {name}.size={array.size}. Pad it "
-            f"to {-(-array.size // workers) * workers} values."
-        )
-    return np.ascontiguousarray(array)
-
-
-def _count_slots(counts, workers: int):
-    """`counts` copied once per chunk (float32) and room for each chunk's sums."""
-    if counts is None:
-        return None
-    counts = np.asarray(counts, np.float32).reshape(-1)
-    own = _frames.aligned_empty(workers * counts.size, np.float32).reshape(workers, -1)
-    own[...] = counts
-    return own, np.zeros_like(own)
