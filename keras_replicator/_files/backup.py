@@ -123,7 +123,6 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             _preemption.signal_numbers(preemption_signals)
         )
         self.exit_on_preemption = bool(exit_on_preemption)
-        self.preempted = False  # set when a signal stopped `fit`
         self._kr_epoch = 0  # the epoch in progress
         self._kr_resume = None  # (epoch, batch) a preempted run resumes at
         self._kr_stopped_at = None  # (epoch, batch) of a preemption's backup
@@ -142,7 +141,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         state = self._kr_read_backup()
         if is_chief(model):
             self._kr_remove_orphans(keep=self._kr_referenced_files())
-        self.preempted = False
+        self._kr_stopped_at = None
         self._kr_preemption.listen()
         if state is None:
             return
@@ -159,6 +158,11 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             self._kr_epochs_done = epoch
         if epoch is not None and resume_batch:
             self._kr_resume_at(epoch, resume_batch)
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a preemption stopped the last `fit`."""
+        return self._kr_stopped_at is not None
 
     def _kr_resume_at(self, epoch: int, batch: int) -> None:
         """Makes the first epoch (`epoch`) start at `batch`: a preempted backup."""
@@ -243,7 +247,6 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         ):
             self._kr_back_up(self._kr_epoch, batch, resume_batch=batch + 1)
             self._kr_stopped_at = (self._kr_epoch, batch)
-            self.preempted = True
             self.model.stop_training = True
             self._kr_preemption.stop_listening()
             return
