@@ -17,6 +17,7 @@ own, not Keras 3 `fit`), and Keras has no preemption support.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -24,8 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_replicator._replicator_state import replicator_state
+from keras_replicator._worker_env import PREEMPTED_FILE_ENV
 
-__all__ = ["Preemption", "any_worker", "signal_numbers"]
+__all__ = ["Preemption", "any_worker", "mark_preempted", "signal_numbers"]
 
 
 class Preemption:
@@ -105,6 +107,30 @@ def any_worker(strategy, signalled: bool) -> bool:
 
     summed = strategy.experimental_local_results(strategy.run(reduce))[0]
     return bool(summed.numpy()[0] > 0)
+
+
+def mark_preempted(where: str) -> None:
+    """Tells the launcher (if any) that this worker stopped after a preemption.
+
+    Writes `where` (e.g. "epoch 1, after batch 2") to the file named by
+    `KERAS_REPLICATOR_PREEMPTED_FILE`; does nothing outside `keras-replicator
+    launch`. A failure to write is reported, not raised: the backup is made.
+
+    Example:
+    >>> mark_preempted("epoch 0, after batch 1")  # no launcher: nothing to tell
+    """
+    path = os.environ.get(PREEMPTED_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w") as file:
+            file.write(where + "\n")
+    except OSError as error:
+        print(
+            f"keras_replicator: could not tell the launcher about the preemption "
+            f"({PREEMPTED_FILE_ENV}={path!r}): {error}",
+            flush=True,
+        )
 
 
 def signal_numbers(signals) -> tuple:

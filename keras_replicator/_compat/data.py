@@ -155,8 +155,11 @@ def _patch_resume_mid_epoch(hooks):
                 skip = hooks.take_resume_batches(self._distribute_strategy)
             for begin_step, end_step, iterator in original(self):
                 if end_step < skip:  # trained on before the backup
-                    for _ in range(end_step - begin_step + 1):
-                        next(iterator)
+                    try:
+                        for _ in range(end_step - begin_step + 1):
+                            next(iterator)
+                    except (StopIteration, tf.errors.OutOfRangeError):
+                        return  # the backup was at the epoch's last batch
                     continue
                 yield begin_step, end_step, iterator
 

@@ -31,8 +31,10 @@ Keras (`latest.weights.h5`) is still restored.
 
 With `save_freq="epoch"` (the default) and a deterministic input order
 (`shuffle=False`), resuming gives the same final weights as an uninterrupted run.
-With an integer `save_freq`, as in stock Keras, a resumed run restarts the
-interrupted epoch from mid-epoch weights.
+With an integer `save_freq`, each backup also records the batch to resume
+from, so under our strategies a resumed run goes on mid-epoch exactly like a
+preempted one (below); under a stock strategy it restarts the interrupted epoch
+from mid-epoch weights, as stock Keras does (with a warning).
 
 Preemption (issue 38, `keras_replicator._preemption`): while `fit` runs, SIGTERM
 (or `preemption_signals`) on any worker stops every worker after the same step,
@@ -165,12 +167,13 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         return self._kr_stopped_at is not None
 
     def _kr_resume_at(self, epoch: int, batch: int) -> None:
-        """Makes the first epoch (`epoch`) start at `batch`: a preempted backup."""
+        """Makes the first epoch (`epoch`) start at `batch`: a mid-epoch backup."""
         state = replicator_state(self.model.distribute_strategy)
         if state is None:
             warnings.warn(
-                f"The backup in {self.backup_dir!r} was made at batch {batch} of "
-                f"epoch {epoch} (a preemption); resuming mid-epoch needs one of "
+                f"The backup in {self.backup_dir!r} was made before batch {batch} "
+                f"of epoch {epoch} (a preemption or an integer `save_freq`); "
+                "resuming mid-epoch needs one of "
                 "keras_replicator's strategies, so this run restarts that epoch "
                 "from its first batch with the backed-up weights.",
                 stacklevel=3,
@@ -257,7 +260,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_batches_since_backup += step
         if self._kr_batches_since_backup >= self.save_freq:
             self._kr_batches_since_backup = 0
-            self._kr_back_up(self._kr_epochs_done, batch)
+            self._kr_back_up(self._kr_epochs_done, batch, resume_batch=batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.preempted:
@@ -324,6 +327,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             file=sys.stderr,
             flush=True,
         )
+        _preemption.mark_preempted(where)
         if self.exit_on_preemption:
             raise SystemExit(0)
 

@@ -102,6 +102,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "(default 0)",
     )
     parser.add_argument(
+        "--min-workers",
+        type=int,
+        default=None,
+        help="elastic: go on with as few as M workers (-n is the most) when "
+        "slots are lost; needs --discover (default: -n)",
+    )
+    parser.add_argument(
+        "--discover",
+        default=None,
+        metavar="CMD",
+        help="elastic: a shell command printing one line per worker slot that "
+        "can run now; the group shrinks after a failure and is resized (SIGTERM: "
+        "a backup at an agreed step) when the slots change",
+    )
+    parser.add_argument(
+        "--discover-seconds",
+        type=float,
+        default=5.0,
+        help="seconds between two runs of --discover (default 5)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print each worker's TF_CONFIG and start nothing",
@@ -135,6 +156,9 @@ def run(args) -> int:
             grace_seconds=args.grace_seconds,
             dry_run=args.dry_run,
             data_service_workers=args.data_service_workers,
+            min_workers=args.min_workers,
+            discover=args.discover,
+            discover_seconds=args.discover_seconds,
         )
     except (TypeError, ValueError) as error:
         _say(f"error: {error}")
@@ -153,11 +177,16 @@ def run(args) -> int:
         return 130
     if args.dry_run:
         return 0
+    if result.preempted:
+        _say(f"{result.headline()}.")
+        return 0
     if result.ok:
-        if result.restarts:
+        if result.restarts or result.resizes:
+            resizes = f" and {result.resizes} resize(s)" if result.resizes else ""
             _say(
                 f"all {len(result.workers)} workers succeeded after "
-                f"{result.restarts} restart(s), {result.total_seconds:.1f} s in all."
+                f"{result.restarts} restart(s){resizes}, "
+                f"{result.total_seconds:.1f} s in all."
             )
         return 0
     return _report_failure(result)

@@ -8,6 +8,13 @@ the last `keras_replicator.callbacks.BackupAndRestore` backup. Each worker sees
 `KERAS_REPLICATOR_RESTART_COUNT` (0 on the first run), like torchrun's
 `TORCHELASTIC_RESTART_COUNT`.
 
+A run whose workers all exited 0 after a preemption backup (each tells the
+launcher so through the file `KERAS_REPLICATOR_PREEMPTED_FILE` names) is not
+done: it is started again like a failed one (counted in `max_restarts`), or,
+without restarts left, reported as `LaunchResult.preempted`. With `discover`
+(and `min_workers`) the launch is elastic: the group shrinks after a failure and
+is resized on purpose when the slots change (`_elastic.py`).
+
 A run that failed because TensorFlow could not bind a port the launcher chose
 (another process took it in between: "Could not start gRPC server") is started
 again on fresh ports, up to `PORT_RETRIES` times, without counting as a restart;
@@ -24,12 +31,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from keras_replicator._worker_env import PREEMPTED_FILE_ENV, SLOT_ENV
 from keras_replicator.launch._cluster import plan_cluster
+from keras_replicator.launch._elastic import Discovery, workers_for
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
 from keras_replicator.launch._output import note
 from keras_replicator.launch._ps_runner import run_ps_group
@@ -60,6 +70,9 @@ def launch(
     grace_seconds: float = 5.0,
     dry_run: bool = False,
     data_service_workers: int = 0,
+    min_workers: int | None = None,
+    discover: str | Callable[[], Iterable[str]] | None = None,
+    discover_seconds: float = 5.0,
 ) -> LaunchResult:
     """Runs `command` as the workers of one cluster (`keras-replicator launch`).
 
@@ -114,10 +127,28 @@ def launch(
             `kr.data.image_pipeline(..., data_service=kr.data.service_address())`.
             A service task that exits early fails the run. Local mode only, no
             parameter servers. Defaults to `0`.
+        min_workers: The fewest workers an elastic launch goes on with
+            (`--min-workers`); `num_workers` is the most. Needs `discover`.
+            After a failure the group starts again (counted in `max_restarts`)
+            on the slots `discover` lists now, down to `min_workers`, and
+            resumes from the last `BackupAndRestore` backup. Defaults to `None`
+            (`num_workers`). See docs/preemption.md.
+        discover: Where the slots come from (`--discover`): a shell command
+            that prints one line per worker that can run now, or a callable
+            returning the lines. Asked every `discover_seconds`; when the
+            number of slots changes while the group runs, the workers are
+            stopped with SIGTERM (a backup at an agreed step, exit 0) and
+            started again on the new number (not counted as a restart). Each
+            worker gets its line as `KERAS_REPLICATOR_SLOT`. Defaults to
+            `None` (a fixed group).
+        discover_seconds: Seconds between two questions to `discover`.
+            Defaults to `5.0`.
 
     Returns:
-        The `LaunchResult` of the last run: `.ok`, `.restarts`, `.previous` (the
-        failed runs), and per worker `.returncode`, `.output`, `.traceback`.
+        The `LaunchResult` of the last run: `.ok`, `.preempted` (all workers
+        exited 0 after a preemption backup: not done), `.restarts`, `.resizes`,
+        `.previous` (the earlier runs), and per worker `.returncode`,
+        `.output`, `.traceback`.
 
     Raises:
         ValueError: For invalid options or an unusable cluster description; the
@@ -147,6 +178,9 @@ def launch(
         env=env,
         cwd=cwd,
         data_service_workers=data_service_workers,
+        min_workers=min_workers,
+        discover=discover,
+        discover_seconds=discover_seconds,
     )
     return launch_with_options(command, options)
 
@@ -170,18 +204,48 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
         return LaunchResult(workers=(), timed_out=False, seconds=0.0)
 
     started = time.monotonic()
-    failed_runs: list[LaunchResult] = []
-    attempt = port_retries = 0
+    deadline = None if options.timeout is None else started + options.timeout
+    discovery = None
+    if options.discover is not None:
+        discovery = Discovery(options.discover, options.discover_seconds, options.echo)
+    with tempfile.TemporaryDirectory(prefix="kr-launch-") as marks:
+        try:
+            return _supervise(command, options, plan, discovery, deadline, marks)
+        finally:
+            if discovery is not None:
+                discovery.close()
+
+
+def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResult:
+    """Runs the group, again after failures, preemptions and resizes."""
+    started = time.monotonic()
+    earlier: list[LaunchResult] = []
+    attempt = port_retries = resizes = 0
+    size, slots = options.num_workers, ()
+    if discovery is not None:
+        slots = discovery.wait_for(options.fewest_workers, deadline)
+        if slots is None:
+            return _no_slots(options, started)
+        size = workers_for(slots, size, options.num_workers)
+        plan = plan_cluster(dataclasses.replace(options, num_workers=size))
+        discovery.start()
     while True:
-        remaining = None
-        if options.timeout is not None:
-            remaining = options.timeout - (time.monotonic() - started)
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        run = len(earlier)
         specs = [
-            dataclasses.replace(spec, env={**spec.env, RESTART_COUNT_ENV: str(attempt)})
+            dataclasses.replace(
+                spec,
+                env={
+                    **spec.env,
+                    RESTART_COUNT_ENV: str(attempt),
+                    PREEMPTED_FILE_ENV: os.path.join(marks, f"{run}-{spec.index}"),
+                    **({SLOT_ENV: slots[spec.index]} if slots else {}),
+                },
+            )
             for spec in plan.specs
         ]
         runner_options: dict[str, Any] = dict(
-            timeout=remaining if remaining is None else max(remaining, 0.0),
+            timeout=remaining,
             env=options.env,
             cwd=options.cwd,
             echo=options.echo,
@@ -192,32 +256,98 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
                 command, specs, max_rejoins=options.max_restarts, **runner_options
             )
         else:
-            result = run_group(command, specs, services=plan.services, **runner_options)
+            result = run_group(
+                command,
+                specs,
+                services=plan.services,
+                stop_when=_resize_wanted(discovery, size, options.num_workers),
+                **runner_options,
+            )
         if (
             not result.ok
             and not result.timed_out
+            and not result.interrupted
             and result.lost_port is not None
             and plan.mode == "local"
             and options.ports is None
             and port_retries < PORT_RETRIES
         ):
             port_retries += 1
-            failed_runs.append(result)
+            earlier.append(result)
             if options.echo:
                 _note(f"{result.headline()}. Starting again on fresh ports.")
-            plan = plan_cluster(options)
+            plan = plan_cluster(dataclasses.replace(options, num_workers=size))
             continue
-        if result.ok or result.timed_out or attempt >= options.max_restarts:
+        if result.timed_out or (result.ok and not result.preempted):
             break
-        attempt += 1
-        failed_runs.append(result)
+        resized = result.interrupted and not _failed_on_its_own(result)
+        if resized:
+            resizes += 1
+            why = "the slots changed"
+        elif attempt >= options.max_restarts:
+            break
+        else:
+            attempt += 1
+            why = f"restart {attempt} of {options.max_restarts}"
+        earlier.append(result)
+        before = size
+        if discovery is not None:
+            fresh = discovery.ask()
+            if fresh is None or len(fresh) < options.fewest_workers:
+                fresh = discovery.wait_for(options.fewest_workers, deadline)
+                if fresh is None:
+                    result = _no_slots(options, started)
+                    break
+            slots = fresh
+            size = workers_for(slots, size, options.num_workers)
         if options.echo:
-            _note(
-                f"{result.headline()}. Restarting all {len(specs)} workers "
-                f"(restart {attempt} of {options.max_restarts})."
-            )
-        plan = plan_cluster(options)  # fresh ports: the old ones may linger
-    return dataclasses.replace(result, restarts=attempt, previous=tuple(failed_runs))
+            _note(_restart_note(result, before, size, why, resized))
+        # Fresh ports: the old ones may linger.
+        plan = plan_cluster(dataclasses.replace(options, num_workers=size))
+    return dataclasses.replace(
+        result, restarts=attempt, previous=tuple(earlier), resizes=resizes
+    )
+
+
+def _failed_on_its_own(result: LaunchResult) -> bool:
+    """Whether a worker failed before the launcher stopped the group.
+
+    A lost worker whose slot discovery drops at the same moment is a failure
+    (counted in `max_restarts`) whichever the launcher noticed first.
+    """
+    return any(w.returncode not in (0, None) and not w.stopped for w in result.workers)
+
+
+def _resize_wanted(discovery, size: int, most: int):
+    """`run_group`'s `stop_when`: whether the slots now allow another size."""
+    if discovery is None:
+        return None
+    return lambda: workers_for(discovery.latest, size, most) != size
+
+
+def _restart_note(result, before: int, size: int, why: str, resized: bool) -> str:
+    if resized:
+        head = (
+            f"discover allows {size} worker(s), {before} were running; they were "
+            "stopped (SIGTERM: a backup at an agreed step)"
+        )
+    else:
+        head = result.headline()
+    if size == before:
+        return f"{head}. Restarting all {size} workers ({why})."
+    return (
+        f"{head}. Restarting on {size} workers instead of {before} ({why}); "
+        "BackupAndRestore resumes at its last backup with the same global batch."
+    )
+
+
+def _no_slots(options: LaunchOptions, started: float) -> LaunchResult:
+    if options.echo:
+        _note(
+            f"timed out waiting for min_workers={options.fewest_workers} slots "
+            "from discover; nothing more was started."
+        )
+    return LaunchResult(workers=(), timed_out=True, seconds=time.monotonic() - started)
 
 
 def _check_command(command) -> list[str]:

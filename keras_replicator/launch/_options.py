@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from keras_replicator._tf_config import address_problem, format_address
 
@@ -49,6 +49,9 @@ class LaunchOptions:
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     data_service_workers: int = 0
+    min_workers: int | None = None
+    discover: str | Callable[[], Iterable[str]] | None = None
+    discover_seconds: float = 5.0
 
     def __post_init__(self):
         if self.num_workers is not None:
@@ -122,6 +125,66 @@ class LaunchOptions:
                 )
         _check_port("port_base", self.port_base)
         self._check_data_service()
+        self._check_elastic()
+
+    def _check_elastic(self):
+        _check_seconds("discover_seconds", self.discover_seconds, allow_none=False)
+        if self.min_workers is not None:
+            _check_int("min_workers", self.min_workers, minimum=1, hint="Use 1")
+        if self.discover is None and self.min_workers is None:
+            return
+        if self.discover is not None and not (
+            callable(self.discover)
+            or (isinstance(self.discover, str) and self.discover.strip())
+        ):
+            raise TypeError(
+                "`discover` must be a shell command printing one worker slot per "
+                "line, or a callable returning the slots. Received: discover="
+                f"{self.discover!r}. Use e.g. 'cat /etc/slots' or "
+                '"nvidia-smi --query-gpu=index --format=csv,noheader".'
+            )
+        if self.num_ps:
+            raise ValueError(
+                "`min_workers` / `discover` resize a group of peers; a "
+                "parameter-server job already goes on without a lost worker (the "
+                "coordinator gives its steps to the others) and restarts it alone "
+                f"with `max_restarts`. Received: num_ps={self.num_ps}, "
+                f"min_workers={self.min_workers}, discover={self.discover!r}. "
+                "Drop `min_workers` and `discover`."
+            )
+        if self.num_workers is None or self.cluster in ("tf-config", "slurm"):
+            raise ValueError(
+                "`min_workers` / `discover` start and resize local workers and "
+                f"need `num_workers` (the most). Received: num_workers="
+                f"{self.num_workers}, cluster={self.cluster!r}. Under a scheduler, "
+                "let it restart the job on the machines it has: BackupAndRestore "
+                "resumes on any number of workers."
+            )
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ValueError(
+                "`min_workers` must be at most `num_workers` (the most workers). "
+                f"Received: min_workers={self.min_workers}, num_workers="
+                f"{self.num_workers}."
+            )
+        if self.discover is None:
+            raise ValueError(
+                "`min_workers` needs `discover`: the launcher cannot tell on its "
+                "own whether a lost worker's slot can come back. Received: "
+                f"min_workers={self.min_workers}, discover=None. Give a command "
+                "printing one line per slot that can run a worker now (e.g. "
+                "`--discover 'cat slots.txt'`)."
+            )
+        if self.ports is not None:
+            raise ValueError(
+                "`ports` cannot be given for an elastic launch: each size gets "
+                f"fresh ports. Received: ports={list(self.ports)}, discover="
+                f"{self.discover!r}. Leave `ports` unset."
+            )
+
+    @property
+    def fewest_workers(self) -> int:
+        """`min_workers`, or `num_workers` when not set (or 1 without either)."""
+        return self.min_workers or self.num_workers or 1
 
     def _check_data_service(self):
         _check_int(

@@ -34,6 +34,9 @@ class WorkerResult:
             `None` for a worker of a group of peers.
         address: `(TF_CONFIG field, "host:port")` of its gRPC server, when it
             has a `TF_CONFIG`; named when the port was lost.
+        preempted: Whether it stopped after a preemption backup
+            (`BackupAndRestore` told the launcher so) rather than at the end of
+            training.
     """
 
     index: int
@@ -43,6 +46,7 @@ class WorkerResult:
     stopped: bool = False
     label: str | None = None
     address: tuple[str, str] | None = None
+    preempted: bool = False
 
     @property
     def lost_port(self) -> bool:
@@ -78,6 +82,11 @@ class LaunchResult:
             workers (`data_service_workers`), labelled `"data dispatcher"` and
             `"data worker i"`; the launcher stops them at the end, so one that
             was not stopped exited on its own and failed the run.
+        interrupted: Whether the launcher stopped the group on purpose to resize
+            it (an elastic launch's discovery saw slots come or go).
+        resizes: How many times an elastic launch started the group again with
+            another number of workers because slots came or went (not counted in
+            `restarts`, which counts failures and preemptions).
     """
 
     workers: tuple[WorkerResult, ...]
@@ -88,6 +97,8 @@ class LaunchResult:
     job_index: int | None = None
     rejoins: int = 0
     services: tuple[WorkerResult, ...] = ()
+    interrupted: bool = False
+    resizes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -96,6 +107,15 @@ class LaunchResult:
         if self.job_index is not None:
             return not self.timed_out and self.workers[self.job_index].returncode == 0
         return not self.timed_out and all(w.returncode == 0 for w in self.workers)
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the run ended with a preemption backup, not finished training.
+
+        Every worker exited with 0 and at least one said it was preempted: the
+        job is not done, and starting it again resumes at the backup's step.
+        """
+        return self.ok and any(w.preempted for w in self.workers)
 
     @property
     def total_seconds(self) -> float:
@@ -127,6 +147,11 @@ class LaunchResult:
 
     def headline(self) -> str:
         """One sentence: what went wrong and who started it."""
+        if self.preempted:
+            return (
+                f"all {len(self.workers)} workers were preempted and backed up at "
+                "the same step (exit code 0): start the job again to resume there"
+            )
         if self.ok:
             return f"all {len(self.workers)} workers succeeded"
         if self.timed_out:

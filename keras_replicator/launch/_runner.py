@@ -22,6 +22,10 @@ Supervision rules:
   `--data-service-workers`) start first, serve the workers and are stopped with
   the same routine once every worker has exited; one that exits on its own
   before then (any exit code) fails the group like a failed worker.
+- `stop_when` (the elastic launcher's resize) is asked every poll; when it
+  answers True the workers are stopped like a deadline stops them (SIGTERM, which
+  `BackupAndRestore` turns into a backup at an agreed step and an exit with 0),
+  and the result says `interrupted`.
 - The result keeps, for every worker, its exit code, when it exited, whether the
   launcher stopped it, and the tail of its output. `first_failure` is the worker
   that failed first *in time* and on its own, which is the one to blame: the others
@@ -38,10 +42,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from keras_replicator._tf_config import format_address, validate_tf_config
 from keras_replicator._watchdog import LAUNCHER_PID_ENV
+from keras_replicator._worker_env import PREEMPTED_FILE_ENV
 from keras_replicator.launch._output import Echo, pump
 from keras_replicator.launch._ports import free_ports
 from keras_replicator.launch._reaper import REAPER
@@ -202,10 +207,12 @@ def run_group(
     echo: bool = True,
     grace_seconds: float = 5.0,
     services: Sequence[WorkerSpec] = (),
+    stop_when: Callable[[], bool] | None = None,
 ) -> LaunchResult:
     """Starts one process per spec and supervises them (see the module docstring).
 
     `services` are started first and stopped when every spec's process exited.
+    `stop_when`, asked every poll, stops the workers when it returns True.
     """
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
@@ -218,7 +225,7 @@ def run_group(
     stopped: set[int] = set()
     readers = []
     output = Echo(echo)
-    timed_out = False
+    timed_out = interrupted = False
     first = len(services)  # position of the first worker in `everything`
     try:
         for position, spec in enumerate(everything):
@@ -240,6 +247,9 @@ def run_group(
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
                 break
+            if stop_when is not None and stop_when():
+                interrupted = True
+                break
             time.sleep(_POLL_SECONDS)
     finally:
         stopped.update(_stop(processes, grace_seconds))
@@ -258,15 +268,23 @@ def run_group(
             stopped=position in stopped,
             label=spec.label if position < first else None,
             address=spec.address,
+            preempted=_preempted(spec),
         )
         for position, (spec, process) in enumerate(zip(everything, processes))
     )
     return LaunchResult(
         workers=results[first:],
         timed_out=timed_out,
+        interrupted=interrupted,
         seconds=time.monotonic() - started,
         services=results[:first],
     )
+
+
+def _preempted(spec: WorkerSpec) -> bool:
+    """Whether the worker said it stopped after a preemption backup."""
+    path = spec.env.get(PREEMPTED_FILE_ENV)
+    return path is not None and os.path.exists(path)
 
 
 def _start(command, spec: WorkerSpec, env, cwd, grace_seconds=5.0):

@@ -121,3 +121,38 @@ def test_without_a_signal_nothing_changes(tmp_path):
     backup = BackupAndRestore(tmp_path / "b", exit_on_preemption=False)
     _fit([backup])
     assert not backup.preempted and not os.path.exists(tmp_path / "b")
+
+
+class CrashAt(SignalAt):
+    """Raises at the start of batch `at[1]` of epoch `at[0]`: a worker lost."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.ran.append((self.epoch, batch))
+        if (self.epoch, batch) == self.at:
+            raise RuntimeError("lost")
+
+
+@pytest.mark.parametrize("crash_at, resume_at", [((1, 4), (1, 3)), ((2, 0), (2, 0))])
+def test_a_crash_resumes_exactly_after_the_last_step_backup(
+    tmp_path, float64, crash_at, resume_at
+):
+    # Integer save_freq backs up every 3 steps with the batch to resume from:
+    # after epoch 1's batch 2, or at epoch 1's last batch (resumed as epoch 2).
+    uninterrupted = _fit([]).get_weights()
+    with pytest.raises(RuntimeError, match="lost"):
+        _fit([BackupAndRestore(tmp_path / "b", save_freq=3), CrashAt(crash_at)])
+    resumed = SignalAt()
+    model = _fit([BackupAndRestore(tmp_path / "b", save_freq=3), resumed])
+    assert resumed.ran[0] == resume_at
+    for got, want in zip(model.get_weights(), uninterrupted):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_a_preempted_worker_tells_its_launcher(tmp_path, monkeypatch):
+    mark = tmp_path / "preempted"
+    monkeypatch.setenv("KERAS_REPLICATOR_PREEMPTED_FILE", str(mark))
+    backup = BackupAndRestore(tmp_path / "b", exit_on_preemption=False)
+    _fit([backup])
+    assert not mark.exists()  # finished: nothing to tell
+    _fit([BackupAndRestore(tmp_path / "b", exit_on_preemption=False), SignalAt((0, 2))])
+    assert mark.read_text() == "epoch 0, after batch 2\n"

@@ -1,0 +1,143 @@
+"""Elastic training end to end: real TF workers under `launch` (issue 38).
+
+3 workers train with `BackupAndRestore(save_freq=2)`; one is killed for good
+(SIGKILL) in the middle of an epoch after telling discovery its slot is gone; the
+launcher starts 2 workers from the last backup; later a worker of that group
+says the slot is back, the launcher stops the 2 (SIGTERM: a backup at an agreed
+step) and starts 3 again, which finish. The global batch is the user's, so the
+final weights equal one device that was never stopped (float64, 1e-10): the
+same as "3 workers up to each backup, 2 after it".
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from keras_replicator.launch import launch
+
+pytestmark = pytest.mark.multi_worker
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras, numpy as np
+    import keras_replicator as kr
+    keras.backend.set_floatx("float64")
+    backup_dir, slots_file, which = sys.argv[1:4]
+    env = os.environ
+    worker = int(env.get("KERAS_REPLICATOR_WORKER_INDEX", "0"))
+    workers = int(env.get("KERAS_REPLICATOR_NUM_WORKERS", "1"))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(96, 6)), rng.normal(size=(96, 1))
+    options = {"collective": kr.AllReduceOptions(transport="collective"),
+               "sharded": kr.AllReduceOptions(shard_weight_update=True)}
+    if "TF_CONFIG" in env:
+        strategy = kr.MultiWorkerReplicator(all_reduce=options.get(which))
+    else:
+        strategy = tf.distribute.get_strategy()
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((6,)),
+            keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+        decay = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
+        model.compile(keras.optimizers.SGD(decay, momentum=0.5), "mse")
+
+    def write_slots(count):
+        with open(slots_file + ".tmp", "w") as file:
+            file.write("".join(f"slot{i}\\n" for i in range(count)))
+        os.replace(slots_file + ".tmp", slots_file)
+
+    class Events(keras.callbacks.Callback):
+        started = False
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+        def on_train_batch_begin(self, batch, logs=None):
+            if not self.started:
+                self.started = True
+                print(f"STARTED {workers} {time.monotonic()}", flush=True)
+            where = [self.epoch, batch, worker, workers]
+            if where == [1, 3, 2, 3] and env["KERAS_REPLICATOR_RESTART_COUNT"] == "0":
+                write_slots(2)  # this machine is gone for good
+                print(f"LOST {time.monotonic()}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if where == [2, 1, 0, 2]:
+                write_slots(3)  # it came back
+            if workers == 2:
+                time.sleep(0.5)  # time for the launcher to see it
+
+    callbacks = []
+    if backup_dir != "-":
+        callbacks = [kr.callbacks.BackupAndRestore(backup_dir, save_freq=2), Events()]
+    model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    print("WEIGHTS " + json.dumps([w.tolist() for w in model.get_weights()]))
+    """
+)
+
+
+def _weights(output):
+    line = next(ln for ln in output.splitlines() if ln.startswith("WEIGHTS "))
+    return [np.asarray(w) for w in json.loads(line[len("WEIGHTS ") :])]
+
+
+def _stamp(output, word):
+    line = next(ln for ln in output.splitlines() if ln.startswith(word + " "))
+    return float(line.split()[-1])
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "which",
+    [
+        "ours",  # the socket ring, in the default run (about 45 s)
+        pytest.param("sharded", marks=pytest.mark.slow),  # shard_weight_update
+        pytest.param("collective", marks=pytest.mark.slow),  # TF's collectives
+    ],
+)
+def test_three_workers_lose_one_go_on_with_two_and_grow_back(tmp_path, which):
+    one_device = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, "-", "-", which],
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    expected = _weights(one_device.stdout + one_device.stderr)
+    slots = tmp_path / "slots"
+    slots.write_text("slot0\nslot1\nslot2\n")
+
+    result = launch(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "backup"), str(slots), which],
+        3,
+        min_workers=2,
+        discover=f"cat {slots}",
+        discover_seconds=0.5,
+        max_restarts=1,
+        timeout=600,
+        echo=False,
+    )
+
+    runs = [*result.previous, result]
+    tails = [[w.output[-1500:] for w in run.workers] for run in runs]
+    assert result.ok and not result.preempted, tails
+    assert [len(run.workers) for run in runs] == [3, 2, 3], tails
+    assert (result.restarts, result.resizes) == (1, 1)
+    lost, shrunk, grown = runs
+    assert lost.first_failure.index == 2 and lost.first_failure.returncode == -9
+    # On 2 workers within 60 s of the loss (their first step, startup included).
+    lost_at = _stamp(lost.workers[2].output, "LOST")
+    assert _stamp(shrunk.workers[0].output, "STARTED 2") - lost_at < 60
+    # The 2 were stopped on purpose, backed up at one step and exited 0.
+    assert shrunk.interrupted and shrunk.preempted
+    assert [w.returncode for w in shrunk.workers] == [0, 0], tails
+    for worker in grown.workers:
+        for got, want in zip(_weights(worker.output), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)

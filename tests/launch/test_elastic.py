@@ -1,0 +1,241 @@
+"""Elastic launches with plain Python workers (no TensorFlow): fast and exact.
+
+The TensorFlow side (the numbers after a shrink and a growth) is
+tests/callbacks/test_elastic_multi_worker.py; here the launcher's rules: which
+size each run gets, what counts as a restart, what a preempted run is.
+"""
+
+import os
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from keras_replicator.launch import LaunchOptions, launch
+from keras_replicator.launch._elastic import Discovery, workers_for
+
+PY = sys.executable
+
+# Every worker prints what it was given; the `action` argument says what worker
+# `who` does on run `run`: "lose" (shrink the slots file to `slots` lines, exit
+# 9), "grow" (grow the slots file, then wait for SIGTERM like BackupAndRestore:
+# mark preempted, exit 0), "preempt" (mark preempted, exit 0).
+WORKER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    slots_file, action, who, run, lines = sys.argv[1:6]
+    env = os.environ
+    me = env["KERAS_REPLICATOR_WORKER_INDEX"]
+    this_run = env["KERAS_REPLICATOR_RESTART_COUNT"]
+    print("size", env["KERAS_REPLICATOR_NUM_WORKERS"], "slot",
+          env.get("KERAS_REPLICATOR_SLOT"), flush=True)
+
+    def preempted(*_):
+        with open(env["KERAS_REPLICATOR_PREEMPTED_FILE"], "w") as f:
+            f.write("here")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, preempted)
+    mine = me == who
+    if mine and action == "lose":
+        open(env["RUN_MARK_FILE"], "w").close()
+        with open(slots_file, "w") as f:
+            f.write(lines.replace(",", "\\n"))
+        sys.exit(9)
+    if mine and action == "grow" and not os.path.exists(env["RUN_MARK_FILE"]):
+        open(env["RUN_MARK_FILE"], "w").close()
+        with open(slots_file, "w") as f:
+            f.write(lines.replace(",", "\\n"))
+    if action == "grow" and env["KERAS_REPLICATOR_NUM_WORKERS"] == "2":
+        time.sleep(60)  # until the launcher resizes
+    if mine and action == "preempt" and this_run == "0":
+        preempted()
+    """
+)
+
+
+def _slots(tmp_path, *names):
+    path = tmp_path / "slots"
+    path.write_text("\n".join(names) + "\n")
+    return str(path)
+
+
+def _run(tmp_path, slots_file, action, who, lines, **options):
+    env = {"RUN_MARK_FILE": str(tmp_path / "mark")}
+    command = [PY, "-c", WORKER, slots_file, action, who, "0", lines]
+    options.setdefault("timeout", 60)
+    return launch(command, echo=False, env=env, **options)
+
+
+def _sizes(output):
+    return output.split()[1], output.split()[3]
+
+
+def test_a_lost_slot_shrinks_the_group_and_counts_as_a_restart(tmp_path):
+    slots = _slots(tmp_path, "a", "b", "c")
+    result = _run(
+        tmp_path,
+        slots,
+        "lose",
+        "2",
+        "a,b",
+        num_workers=3,
+        min_workers=2,
+        discover=f"cat {slots}",
+        discover_seconds=0.2,
+        max_restarts=1,
+    )
+    assert result.ok and not result.preempted, result.describe_failure()
+    assert (result.restarts, result.resizes) == (1, 0)
+    assert [_sizes(w.output) for w in result.workers] == [("2", "a"), ("2", "b")]
+    (lost,) = result.previous
+    assert len(lost.workers) == 3 and lost.first_failure.index == 2
+
+
+def test_a_slot_that_comes_back_grows_the_group_without_a_restart(tmp_path):
+    slots = _slots(tmp_path, "a", "b")
+    started = time.monotonic()
+    result = _run(
+        tmp_path,
+        slots,
+        "grow",
+        "0",
+        "a,b,c",
+        num_workers=3,
+        min_workers=2,
+        discover=f"cat {slots}",
+        discover_seconds=0.2,
+    )
+    assert result.ok and not result.preempted, result.describe_failure()
+    assert (result.restarts, result.resizes) == (0, 1)
+    assert [_sizes(w.output)[1] for w in result.workers] == ["a", "b", "c"]
+    (small,) = result.previous
+    assert small.interrupted and small.preempted  # stopped by SIGTERM, backed up
+    assert [w.returncode for w in small.workers] == [0, 0]
+    assert time.monotonic() - started < 30  # not the workers' 60 s sleep
+
+
+def test_slots_announced_gone_stop_the_group_before_it_fails(tmp_path):
+    # The slots file shrinks while every worker is healthy (a preemption notice
+    # through discovery): the group is stopped with a backup and goes on smaller.
+    slots = _slots(tmp_path, "a", "b", "c")
+    sleep = "import os, time; n = os.environ['KERAS_REPLICATOR_NUM_WORKERS']\n"
+    command = [PY, "-c", sleep + "time.sleep(60 if n == '3' else 0)"]
+    timer = threading.Timer(1.0, lambda: open(slots, "w").write("a\nb\n"))
+    timer.start()
+    try:
+        result = launch(
+            command,
+            3,
+            min_workers=2,
+            discover=f"cat {slots}",
+            discover_seconds=0.2,
+            timeout=60,
+            grace_seconds=2,
+            echo=False,
+        )
+    finally:
+        timer.cancel()
+    assert result.ok and (result.restarts, result.resizes) == (0, 1)
+    assert len(result.workers) == 2 and result.previous[0].interrupted
+
+
+def test_a_preempted_group_is_started_again_and_counted(tmp_path):
+    slots = _slots(tmp_path, "unused")
+    restarted = _run(tmp_path, slots, "preempt", "1", "", num_workers=2, max_restarts=1)
+    assert restarted.ok and not restarted.preempted and restarted.restarts == 1
+    assert restarted.previous[0].preempted
+
+    stopped = _run(tmp_path, slots, "preempt", "1", "", num_workers=2)
+    assert stopped.ok and stopped.preempted and stopped.restarts == 0
+    assert "preempted" in stopped.headline()
+    assert [w.preempted for w in stopped.workers] == [False, True]
+
+
+def test_the_launch_waits_for_min_workers_slots(tmp_path):
+    slots = _slots(tmp_path, "a")
+    timer = threading.Timer(1.0, lambda: open(slots, "w").write("a\nb\nc\nd\n"))
+    timer.start()
+    try:
+        result = launch(
+            [PY, "-c", "import os; print(os.environ['KERAS_REPLICATOR_SLOT'])"],
+            3,
+            min_workers=2,
+            discover=f"cat {slots}",
+            discover_seconds=0.2,
+            timeout=60,
+            echo=False,
+        )
+    finally:
+        timer.cancel()
+    assert result.ok
+    assert [w.output.strip() for w in result.workers] == ["a", "b", "c"]  # at most 3
+
+
+def test_no_slots_until_the_timeout_starts_nothing(tmp_path):
+    result = launch(
+        [PY, "-c", "pass"],
+        2,
+        discover=lambda: [],
+        discover_seconds=0.2,
+        timeout=1.0,
+        echo=False,
+    )
+    assert result.timed_out and result.workers == () and not result.ok
+
+
+def test_discovery_answers_and_failures(capsys):
+    assert Discovery(lambda: ["x", " ", "y "], 1.0).ask() == ("x", "y")
+    failing = Discovery("echo nope >&2; exit 3", 1.0)
+    assert failing.ask() is None and failing.latest is None
+    assert failing.ask() is None
+    err = capsys.readouterr().err
+    assert err.count("discover failed (RuntimeError: exit code 3 nope)") == 1
+    assert workers_for(("a", "b", "c", "d"), 2, most=3) == 3
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(num_workers=3, min_workers=2), "`min_workers` needs `discover`"),
+        (dict(num_workers=2, min_workers=3, discover="cat s"), "at most"),
+        (dict(num_workers=2, num_ps=1, discover="cat s"), "parameter-server job"),
+        (dict(num_workers=2, discover="cat s", ports=[5000, 5001]), "fresh ports"),
+        (dict(num_workers=2, discover="  "), "Received: discover='  '"),
+        (dict(cluster="tf-config", discover="cat s"), "need `num_workers`"),
+        (dict(num_workers=2, discover="cat s", discover_seconds=0), "positive"),
+    ],
+)
+def test_elastic_options_are_checked_up_front(options, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        LaunchOptions(**options)
+
+
+def test_the_cli_runs_an_elastic_launch(tmp_path):
+    import subprocess
+
+    slots = _slots(tmp_path, "a", "b")
+    script = "import os; print('slot', os.environ['KERAS_REPLICATOR_SLOT'])"
+    run = subprocess.run(
+        [
+            os.path.join(os.path.dirname(PY), "keras-replicator"),
+            "launch",
+            "-n",
+            "3",
+            "--min-workers",
+            "1",
+            "--discover",
+            f"cat {slots}",
+            "--",
+            PY,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert sorted(ln.split()[-1] for ln in run.stdout.splitlines()) == ["a", "b"]
