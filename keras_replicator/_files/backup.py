@@ -71,6 +71,7 @@ from keras_replicator._files.backup_files import load_metadata as _load_metadata
 from keras_replicator._files.backup_files import readable_h5 as _readable_h5
 from keras_replicator._files.backup_files import state_order as _state_order
 from keras_replicator._files.backup_files import write_json as _write_json
+from keras_replicator._files.backup_metrics import metric_state, restore_metric_state
 from keras_replicator._files.worker_files import is_chief, save_for_worker
 from keras_replicator._replicator_state import replicator_state
 
@@ -127,6 +128,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self.exit_on_preemption = bool(exit_on_preemption)
         self._kr_epoch = 0  # the epoch in progress
         self._kr_resume = None  # (epoch, batch) a preempted run resumes at
+        self._kr_resume_metrics = None  # the metrics' state there
         self._kr_stopped_at = None  # (epoch, batch) of a preemption's backup
 
     # Restore ------------------------------------------------------------------
@@ -147,7 +149,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_preemption.listen()
         if state is None:
             return
-        epoch, weights_path, resume_batch = state
+        epoch, weights_path, resume_batch, self._kr_resume_metrics = state
         if weights_path is not None:
             if model.optimizer is not None and not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
@@ -183,7 +185,10 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_resume = (epoch, batch)
 
     def _kr_read_backup(self):
-        """`(epoch, weights path)` of the newest readable backup, or None."""
+        """`(epoch, weights path, resume batch, metrics)` of the newest backup.
+
+        None when there is no backup.
+        """
         candidates = [self._kr_path(METADATA_FILE)]
         if self.double_checkpoint:
             candidates.append(self._kr_path(METADATA_FILE + PREVIOUS_SUFFIX))
@@ -199,11 +204,16 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             name = metadata.get("weights")
             weights = self._kr_path(name) if name else None
             if weights is not None and _readable_h5(weights, errors):
-                return metadata.get("epoch"), weights, metadata.get("resume_batch")
+                return (
+                    metadata.get("epoch"),
+                    weights,
+                    metadata.get("resume_batch"),
+                    metadata.get("metrics"),
+                )
             if weights is None:
                 stock = self._kr_path(STOCK_WEIGHTS_FILE)
                 stock = stock if os.path.exists(stock) else None
-                return metadata.get("epoch"), stock, None
+                return metadata.get("epoch"), stock, None, None
         if damaged:
             raise OSError(self._kr_damaged_message(damaged, errors))
         if errors:
@@ -212,7 +222,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"({errors[0]}). Delete the directory to start over."
             )
         stock = self._kr_path(STOCK_WEIGHTS_FILE)
-        return (None, stock, None) if os.path.exists(stock) else None
+        return (None, stock, None, None) if os.path.exists(stock) else None
 
     def _kr_damaged_message(self, damaged: list, errors: list) -> str:
         states = sorted(
@@ -242,7 +252,16 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_last_batch = -1
         if self._kr_resume is not None and self._kr_resume[0] == epoch:
             self._kr_last_batch = self._kr_resume[1] - 1  # batches before: skipped
-        self._kr_resume = None
+            if self._kr_resume_metrics is not None and not restore_metric_state(
+                self.model, self._kr_resume_metrics
+            ):
+                warnings.warn(
+                    f"The backup in {self.backup_dir!r} holds the state of other "
+                    "metrics than this model's (compiled differently?): the "
+                    f"logs of epoch {epoch} cover the batches after the resume only.",
+                    stacklevel=2,
+                )
+        self._kr_resume = self._kr_resume_metrics = None
 
     def on_train_batch_end(self, batch, logs=None):
         if self._kr_preemption.listening and _preemption.any_worker(
@@ -277,6 +296,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             self.model.save_weights(path, overwrite=True)
 
         save_for_worker(self.model, weights, write)
+        # Mid-epoch: the epoch's metrics go on from here (every worker reads).
+        metrics = metric_state(self.model) if resume_batch is not None else None
         if not is_chief(self.model):
             return
         metadata_path = self._kr_path(METADATA_FILE)
@@ -289,6 +310,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         metadata = {"epoch": epoch, "batch": batch, "weights": name}
         if resume_batch is not None:
             metadata["resume_batch"] = resume_batch
+            metadata["metrics"] = metrics
         _write_json(metadata_path, metadata)
         self._kr_link_for_stock_keras(weights)
         self._kr_remove_orphans(keep=self._kr_referenced_files())

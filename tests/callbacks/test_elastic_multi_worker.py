@@ -6,7 +6,8 @@ launcher starts 2 workers from the last backup; later a worker of that group
 says the slot is back, the launcher stops the 2 (SIGTERM: a backup at an agreed
 step) and starts 3 again, which finish. The global batch is the user's, so the
 final weights equal one device that was never stopped (float64, 1e-10): the
-same as "3 workers up to each backup, 2 after it".
+same as "3 workers up to each backup, 2 after it"; so do the logs of the epoch
+the group grew back in (the metrics' state is kept in the backup).
 """
 
 import json
@@ -19,36 +20,14 @@ import numpy as np
 import pytest
 
 from keras_replicator.launch import launch
+from tests.callbacks._float64_worker import PRELUDE
 
 pytestmark = pytest.mark.multi_worker
 
-_SCRIPT = textwrap.dedent(
+_SCRIPT = PRELUDE + textwrap.dedent(
     """
-    import json, os, signal, sys, time
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    import keras, numpy as np
-    import keras_replicator as kr
-    keras.backend.set_floatx("float64")
-    backup_dir, slots_file, which = sys.argv[1:4]
+    backup_dir, slots_file = sys.argv[1:3]
     env = os.environ
-    worker = int(env.get("KERAS_REPLICATOR_WORKER_INDEX", "0"))
-    workers = int(env.get("KERAS_REPLICATOR_NUM_WORKERS", "1"))
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(96, 6)), rng.normal(size=(96, 1))
-    options = {"collective": kr.AllReduceOptions(transport="collective"),
-               "sharded": kr.AllReduceOptions(shard_weight_update=True)}
-    if "TF_CONFIG" in env:
-        strategy = kr.MultiWorkerReplicator(all_reduce=options.get(which))
-    else:
-        strategy = tf.distribute.get_strategy()
-    with strategy.scope():
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-        decay = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
-        model.compile(keras.optimizers.SGD(decay, momentum=0.5), "mse")
 
     def write_slots(count):
         with open(slots_file + ".tmp", "w") as file:
@@ -70,6 +49,7 @@ _SCRIPT = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGKILL)
             if where == [2, 1, 0, 2]:
                 write_slots(3)  # it came back
+                print(f"BACK {time.monotonic()}", flush=True)
             if workers == 2:
                 time.sleep(0.5)  # time for the launcher to see it
 
@@ -79,13 +59,19 @@ _SCRIPT = textwrap.dedent(
     model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0,
               callbacks=callbacks)
     print("WEIGHTS " + json.dumps([w.tolist() for w in model.get_weights()]))
+    history = model.history
+    print("LOSSES " + json.dumps(dict(zip(history.epoch, history.history["loss"]))))
     """
 )
 
 
+def _printed(output, word):
+    line = next(ln for ln in output.splitlines() if ln.startswith(word + " "))
+    return json.loads(line[len(word) + 1 :])
+
+
 def _weights(output):
-    line = next(ln for ln in output.splitlines() if ln.startswith("WEIGHTS "))
-    return [np.asarray(w) for w in json.loads(line[len("WEIGHTS ") :])]
+    return [np.asarray(w) for w in _printed(output, "WEIGHTS")]
 
 
 def _stamp(output, word):
@@ -111,6 +97,7 @@ def test_three_workers_lose_one_go_on_with_two_and_grow_back(tmp_path, which):
         timeout=120,
     )
     expected = _weights(one_device.stdout + one_device.stderr)
+    expected_losses = _printed(one_device.stdout + one_device.stderr, "LOSSES")
     slots = tmp_path / "slots"
     slots.write_text("slot0\nslot1\nslot2\n")
 
@@ -133,11 +120,26 @@ def test_three_workers_lose_one_go_on_with_two_and_grow_back(tmp_path, which):
     lost, shrunk, grown = runs
     assert lost.first_failure.index == 2 and lost.first_failure.returncode == -9
     # On 2 workers within 60 s of the loss (their first step, startup included).
-    lost_at = _stamp(lost.workers[2].output, "LOST")
-    assert _stamp(shrunk.workers[0].output, "STARTED 2") - lost_at < 60
+    shrunk_after = _stamp(shrunk.workers[0].output, "STARTED 2") - _stamp(
+        lost.workers[2].output, "LOST"
+    )
+    grown_after = _stamp(grown.workers[0].output, "STARTED 3") - _stamp(
+        shrunk.workers[0].output, "BACK"
+    )
+    print(
+        f"on 2 workers {shrunk_after:.1f} s after the loss, on 3 again "
+        f"{grown_after:.1f} s after the slot came back"
+    )
+    assert shrunk_after < 60
     # The 2 were stopped on purpose, backed up at one step and exited 0.
     assert shrunk.interrupted and shrunk.preempted
     assert [w.returncode for w in shrunk.workers] == [0, 0], tails
     for worker in grown.workers:
         for got, want in zip(_weights(worker.output), expected):
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+        # The epoch resumed mid-way logs all of it (metrics' state of 2 workers
+        # kept in the backup, split over 3), and the next one too.
+        losses = _printed(worker.output, "LOSSES")
+        assert list(losses) == ["2", "3"], losses
+        for epoch, loss in losses.items():
+            np.testing.assert_allclose(loss, expected_losses[epoch], rtol=1e-10)

@@ -55,7 +55,7 @@ def _fit(callbacks, strategy=None):
         )
         # A schedule: the resumed steps must continue its count.
         decay = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
-        model.compile(keras.optimizers.SGD(decay, momentum=0.5), "mse")
+        model.compile(keras.optimizers.SGD(decay, momentum=0.5), "mse", metrics=["mae"])
     model.fit(
         x,
         y,
@@ -76,7 +76,8 @@ def _metadata(directory):
 def test_a_signal_backs_up_at_the_step_and_the_next_fit_resumes_there(
     tmp_path, float64, save_freq
 ):
-    uninterrupted = _fit([]).get_weights()
+    plain = _fit([])
+    uninterrupted = plain.get_weights()
     backup = BackupAndRestore(
         tmp_path / "b",
         save_freq=save_freq,
@@ -98,6 +99,12 @@ def test_a_signal_backs_up_at_the_step_and_the_next_fit_resumes_there(
     assert len(resumed.ran) == 3 + 6
     for got, want in zip(model.get_weights(), uninterrupted):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    # The interrupted epoch's logs cover all of it: the metrics' state was kept.
+    assert model.history.epoch == [1, 2]
+    for name in ("loss", "mae"):
+        np.testing.assert_allclose(
+            model.history.history[name], plain.history.history[name][1:], rtol=1e-12
+        )
 
 
 def test_by_default_the_process_exits_with_0_after_the_backup(tmp_path):

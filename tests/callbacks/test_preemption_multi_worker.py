@@ -16,34 +16,13 @@ import numpy as np
 import pytest
 
 from keras_replicator.launch import run_workers
+from tests.callbacks._float64_worker import PRELUDE
 
 pytestmark = pytest.mark.multi_worker
 
-_SCRIPT = textwrap.dedent(
+_SCRIPT = PRELUDE + textwrap.dedent(
     """
-    import json, os, signal, sys, time
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    import keras, numpy as np
-    import keras_replicator as kr
-    keras.backend.set_floatx("float64")
-    backup_dir, signal_at, which = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-    worker = int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0"))
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(96, 6)), rng.normal(size=(96, 1))
-    options = {"collective": kr.AllReduceOptions(transport="collective"),
-               "sharded": kr.AllReduceOptions(shard_weight_update=True)}
-    if "TF_CONFIG" in os.environ:
-        strategy = kr.MultiWorkerReplicator(all_reduce=options.get(which))
-    else:
-        strategy = tf.distribute.get_strategy()
-    with strategy.scope():
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-        decay = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
-        model.compile(keras.optimizers.SGD(decay, momentum=0.5), "mse")
+    backup_dir, signal_at = sys.argv[1], json.loads(sys.argv[2])
 
     class SignalAt(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
