@@ -9,7 +9,8 @@ replica and worker: the state one device would hold. That state is written
 into the backup's metadata (JSON keeps float64 exactly) and, after `fit` reset
 the metrics at the start of the resumed epoch, split evenly over the replicas
 of the run that resumes, on however many workers: the sums, and so the epoch's
-logs, are the uninterrupted run's.
+logs, are the uninterrupted run's. A variable aggregated otherwise ("mean",
+"only_first_replica") gets the whole value on every replica.
 
 Hand-written: Keras' `BackupAndRestore` keeps no metric state (it resumes at
 epoch boundaries, where `fit` resets the metrics anyway).
@@ -57,11 +58,16 @@ def restore_metric_state(model, state: list) -> bool:
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
     for variable, (_, value) in zip(variables, saved):
-        share = _share(value, replicas)
+        # Sums are split; a "mean" or "only_first_replica" variable reads back
+        # what every replica holds, so each gets the whole value.
+        split = getattr(variable, "aggregation", "sum") == "sum" and (
+            np.issubdtype(value.dtype, np.number)
+        )
+        share = _share(value, replicas) if split else value
         components = strategy.experimental_local_results(variable.value)
         for component in components:
             component.assign(tf.constant(share, dtype=component.dtype))
-        if np.issubdtype(value.dtype, np.integer):
+        if split and np.issubdtype(value.dtype, np.integer):
             # What an integer split leaves over goes to the first replica.
             remainder = value - share * replicas
             if replicas > 1 and is_chief(strategy):

@@ -1,7 +1,8 @@
 """`keras-replicator launch [-n N] [options] -- python train.py args...`.
 
 The command form of `keras_replicator.launch.launch()`: every flag is a keyword of
-that function. Exit code: 0 when every worker succeeded; else the exit code of
+that function. Exit code: 0 when every worker succeeded (or all were preempted
+and backed up at one step, with no restart left: a note says so); else the exit code of
 the worker that failed first (128 + N when a signal N ended it), 124 on
 `--timeout`, 2 for invalid options, 129 / 130 / 143 when the launcher itself got
 SIGHUP / SIGINT / SIGTERM (the workers are stopped first: SIGTERM, then SIGKILL
@@ -62,7 +63,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--max-restarts",
         type=int,
         default=0,
-        help="restart the whole group up to K times after a failure (default 0)",
+        help="restart the whole group up to K times after a failure or a "
+        "preemption (default 0)",
     )
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds for all runs together"

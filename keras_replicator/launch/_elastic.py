@@ -32,6 +32,9 @@ when each process starts; here each size is simply a new group with fresh ports.
 
 from __future__ import annotations
 
+import itertools
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -64,6 +67,8 @@ class Discovery:
         self.every_seconds = every_seconds
         self.echo = echo
         self._latest: tuple[str, ...] | None = None
+        self._latest_ticket = 0  # which question `_latest` answers
+        self._tickets = itertools.count(1)
         self._last_error: str | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -76,20 +81,33 @@ class Discovery:
             return self._latest
 
     def ask(self) -> tuple[str, ...] | None:
-        """Asks the hook now; the slots, or `None` when it failed (noted)."""
+        """Asks the hook now; the slots, or `None` when it failed (noted).
+
+        The hook runs on a thread of its own, given `_DISCOVER_TIMEOUT`
+        seconds. Answers to older questions (the background thread's, when the
+        main thread asked later and heard first) do not replace newer ones.
+        """
+        with self._lock:
+            ticket = next(self._tickets)
         try:
-            if callable(self.discover):
-                lines = [str(line) for line in self.discover()]
-            else:
-                lines = _run_command(self.discover)
+            lines = _with_timeout(self._lines, _DISCOVER_TIMEOUT + 5)
         except Exception as error:  # noqa: BLE001 - any failure: answer unknown
             self._failed(f"{type(error).__name__}: {error}")
             return None
         slots = tuple(line.strip() for line in lines if line.strip())
         with self._lock:
-            self._latest = slots
+            if ticket > self._latest_ticket:
+                self._latest, self._latest_ticket = slots, ticket
             self._last_error = None
         return slots
+
+    def _lines(self) -> list[str]:
+        if not callable(self.discover):
+            return _run_command(self.discover)
+        answer = self.discover()
+        if isinstance(answer, str):
+            return answer.splitlines()
+        return [str(line) for line in answer]
 
     def start(self) -> None:
         """Asks every `every_seconds` on a daemon thread until `close()`."""
@@ -100,9 +118,10 @@ class Discovery:
             self._thread.start()
 
     def close(self) -> None:
+        """Stops the background questions (a hook still running is left to end)."""
         self._closed.set()
         if self._thread is not None:
-            self._thread.join(timeout=_DISCOVER_TIMEOUT + 1)
+            self._thread.join(timeout=0.5)
 
     def wait_for(self, fewest: int, deadline: float | None) -> tuple[str, ...] | None:
         """Asks until at least `fewest` slots are listed; `None` at the deadline."""
@@ -114,7 +133,7 @@ class Discovery:
             if self.echo and not said:
                 count = "no answer" if slots is None else f"{len(slots)} slot(s)"
                 note(
-                    f"discover: {count}, fewer than min_workers={fewest}; waiting "
+                    f"discover: {count}, fewer than the {fewest} needed; waiting "
                     f"for slots (asking every {self.every_seconds:g} s)."
                 )
                 said = True
@@ -134,7 +153,7 @@ class Discovery:
             repeated = error == self._last_error
             self._last_error = error
         if self.echo and not repeated:
-            note(f"discover failed ({error}); keeping the last answer.")
+            note(f"discover failed ({error}); the slots stay as last known.")
 
 
 def workers_for(slots: tuple[str, ...] | None, current: int, most: int) -> int:
@@ -151,16 +170,74 @@ def workers_for(slots: tuple[str, ...] | None, current: int, most: int) -> int:
     return min(len(slots), most)
 
 
+def resize_wanted(running, latest, most: int, fewest: int) -> bool:
+    """Whether the group on slots `running` should be stopped and resized.
+
+    Yes when the newest answer (`latest`) allows another number of workers, or
+    drops a slot a worker runs in; no without an answer, or when it allows fewer
+    than `fewest` (a hook that briefly lists nothing does not stop a healthy
+    group: a lost worker does, as a failure).
+
+    Example:
+    >>> resize_wanted(("a", "b"), ("a", "b", "c"), most=3, fewest=2)
+    True
+    >>> resize_wanted(("a", "b"), ("a", "c"), most=3, fewest=2)
+    True
+    >>> resize_wanted(("a", "b"), ("b", "a"), most=3, fewest=2)
+    False
+    >>> resize_wanted(("a", "b"), (), most=3, fewest=2)
+    False
+    """
+    if latest is None:
+        return False
+    wanted = min(len(latest), most)
+    if wanted < fewest:
+        return False
+    return wanted != len(running) or any(slot not in latest for slot in running)
+
+
 def _run_command(command: str) -> list[str]:
-    run = subprocess.run(
+    """The command's output lines; its whole process group ends on a timeout."""
+    process = subprocess.Popen(
         command,
         shell=True,
-        capture_output=True,
-        text=True,
-        timeout=_DISCOVER_TIMEOUT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
-    if run.returncode != 0:
-        detail = (run.stderr or run.stdout).strip().splitlines()[-1:] or [""]
-        raise RuntimeError(f"exit code {run.returncode} {detail[0]}".strip())
-    return run.stdout.splitlines()
+    try:
+        out, err = process.communicate(timeout=_DISCOVER_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.communicate()
+        raise
+    if process.returncode != 0:
+        detail = (err or out).strip().splitlines()[-1:] or [""]
+        raise RuntimeError(f"exit code {process.returncode} {detail[0]}".strip())
+    return out.splitlines()
+
+
+def _with_timeout(function, seconds: float):
+    """`function()` on a daemon thread; `TimeoutError` after `seconds`."""
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append((True, function()))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name="launch-discover-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

@@ -39,7 +39,7 @@ from typing import Any
 
 from keras_replicator._worker_env import PREEMPTED_FILE_ENV, SLOT_ENV
 from keras_replicator.launch._cluster import plan_cluster
-from keras_replicator.launch._elastic import Discovery, workers_for
+from keras_replicator.launch._elastic import Discovery, resize_wanted, workers_for
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
 from keras_replicator.launch._output import note
 from keras_replicator.launch._ps_runner import run_ps_group
@@ -97,7 +97,7 @@ def launch(
             `srun` step, via TF's `SlurmClusterResolver`). Defaults to `"auto"`:
             `TF_CONFIG` if set, else Slurm, else local.
         max_restarts: How many times to restart the whole group after a failure
-            (local mode only). Defaults to `0`.
+            or a preemption (local mode only). Defaults to `0`.
         timeout: Seconds for all runs together before everything is stopped.
             Defaults to `None` (no limit).
         host: Address the local workers advertise to each other. Defaults to
@@ -230,7 +230,12 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
         plan = plan_cluster(dataclasses.replace(options, num_workers=size))
         discovery.start()
     while True:
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0 and earlier:
+            # The deadline passed while the last group stopped: start no other.
+            result = LaunchResult(workers=(), timed_out=True, seconds=0.0)
+            break
+        remaining = None if remaining is None else max(remaining, 0.0)
         run = len(earlier)
         specs = [
             dataclasses.replace(
@@ -260,7 +265,7 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
                 command,
                 specs,
                 services=plan.services,
-                stop_when=_resize_wanted(discovery, size, options.num_workers),
+                stop_when=_resize_wanted(discovery, slots[:size], options),
                 **runner_options,
             )
         if (
@@ -281,25 +286,26 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
         if result.timed_out or (result.ok and not result.preempted):
             break
         resized = result.interrupted and not _failed_on_its_own(result)
-        if resized:
-            resizes += 1
-            why = "the slots changed"
-        elif attempt >= options.max_restarts:
+        if not resized and attempt >= options.max_restarts:
             break
-        else:
-            attempt += 1
-            why = f"restart {attempt} of {options.max_restarts}"
         earlier.append(result)
         before = size
         if discovery is not None:
+            waiting = time.monotonic()
             fresh = discovery.ask()
             if fresh is None or len(fresh) < options.fewest_workers:
                 fresh = discovery.wait_for(options.fewest_workers, deadline)
                 if fresh is None:
-                    result = _no_slots(options, started)
+                    result = _no_slots(options, waiting)
                     break
             slots = fresh
             size = workers_for(slots, size, options.num_workers)
+        if resized:
+            resizes += 1
+            why = "the slots changed"
+        else:
+            attempt += 1
+            why = f"restart {attempt} of {options.max_restarts}"
         if options.echo:
             _note(_restart_note(result, before, size, why, resized))
         # Fresh ports: the old ones may linger.
@@ -318,11 +324,12 @@ def _failed_on_its_own(result: LaunchResult) -> bool:
     return any(w.returncode not in (0, None) and not w.stopped for w in result.workers)
 
 
-def _resize_wanted(discovery, size: int, most: int):
-    """`run_group`'s `stop_when`: whether the slots now allow another size."""
+def _resize_wanted(discovery, running: tuple, options: LaunchOptions):
+    """`run_group`'s `stop_when`: whether the slots now call for another group."""
     if discovery is None:
         return None
-    return lambda: workers_for(discovery.latest, size, most) != size
+    most, fewest = options.num_workers or 1, options.fewest_workers
+    return lambda: resize_wanted(running, discovery.latest, most, fewest)
 
 
 def _restart_note(result, before: int, size: int, why: str, resized: bool) -> str:
@@ -341,13 +348,16 @@ def _restart_note(result, before: int, size: int, why: str, resized: bool) -> st
     )
 
 
-def _no_slots(options: LaunchOptions, started: float) -> LaunchResult:
+def _no_slots(options: LaunchOptions, waiting_since: float) -> LaunchResult:
+    """The result of a wait for slots that reached the deadline (no workers)."""
     if options.echo:
         _note(
-            f"timed out waiting for min_workers={options.fewest_workers} slots "
-            "from discover; nothing more was started."
+            f"timed out waiting for {options.fewest_workers} slot(s) from "
+            "discover; nothing more was started."
         )
-    return LaunchResult(workers=(), timed_out=True, seconds=time.monotonic() - started)
+    return LaunchResult(
+        workers=(), timed_out=True, seconds=time.monotonic() - waiting_since
+    )
 
 
 def _check_command(command) -> list[str]:

@@ -154,6 +154,11 @@ class LaunchResult:
             )
         if self.ok:
             return f"all {len(self.workers)} workers succeeded"
+        if self.timed_out and not self.workers:
+            return (
+                "the timeout came before another group of workers started "
+                "(waiting for slots from discover, or while the last group stopped)"
+            )
         if self.timed_out:
             return (
                 f"workers timed out after {self.seconds:.0f} s and were stopped"

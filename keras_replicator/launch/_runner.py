@@ -247,7 +247,8 @@ def run_group(
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
                 break
-            if stop_when is not None and stop_when():
+            # Once a worker is done (exit 0), the group is ending: no resize.
+            if stop_when is not None and all(c is None for c in codes) and stop_when():
                 interrupted = True
                 break
             time.sleep(_POLL_SECONDS)

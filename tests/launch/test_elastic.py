@@ -239,3 +239,115 @@ def test_the_cli_runs_an_elastic_launch(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert sorted(ln.split()[-1] for ln in run.stdout.splitlines()) == ["a", "b"]
+
+
+def test_a_group_that_is_finishing_is_not_resized(tmp_path):
+    # Worker 0 is done when the slot comes back; worker 1 is still finishing:
+    # a resize now would train again from scratch.
+    slots = _slots(tmp_path, "a", "b")
+    index = "int(os.environ['KERAS_REPLICATOR_WORKER_INDEX'])"
+    finish = f"import os, time; time.sleep(2 * {index})"
+    timer = threading.Timer(1.0, lambda: open(slots, "w").write("a\nb\nc\n"))
+    timer.start()
+    try:
+        result = launch(
+            [PY, "-c", finish],
+            3,
+            min_workers=2,
+            discover=f"cat {slots}",
+            discover_seconds=0.2,
+            timeout=60,
+            echo=False,
+        )
+    finally:
+        timer.cancel()
+    assert result.ok and result.resizes == 0 and result.previous == ()
+    assert len(result.workers) == 2
+
+
+def test_a_slow_hook_does_not_hold_the_launch_back():
+    calls = []
+
+    def hook():
+        calls.append(1)
+        if len(calls) > 1:
+            time.sleep(20)  # the background question hangs
+        return ["a", "b"]
+
+    started = time.monotonic()
+    result = launch(
+        [PY, "-c", "import time; time.sleep(0.5)"],
+        2,
+        discover=hook,
+        discover_seconds=0.1,
+        timeout=60,
+        echo=False,
+    )
+    assert result.ok and time.monotonic() - started < 10
+
+
+def test_waiting_in_vain_for_slots_after_a_failure_is_no_restart(tmp_path):
+    slots = _slots(tmp_path, "a", "b")
+    result = _run(
+        tmp_path,
+        slots,
+        "lose",
+        "1",
+        "a",
+        num_workers=2,
+        min_workers=2,
+        discover=f"cat {slots}",
+        discover_seconds=0.2,
+        max_restarts=3,
+        timeout=3.0,
+    )
+    assert result.timed_out and result.workers == () and result.restarts == 0
+    assert "before another group of workers started" in result.headline()
+    (failed,) = result.previous
+    assert failed.first_failure.returncode == 9
+    assert result.total_seconds < 3.0 + 1.0  # the wait is not counted twice
+
+
+def test_no_group_starts_after_the_deadline(tmp_path):
+    # The slots change; the workers ignore SIGTERM, so stopping them takes the
+    # grace period, past the deadline: no new group is started then.
+    slots = _slots(tmp_path, "a", "b")
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "time.sleep(60)"
+    )
+    timer = threading.Timer(0.5, lambda: open(slots, "w").write("a\nb\nc\n"))
+    timer.start()
+    try:
+        result = launch(
+            [PY, "-c", stubborn],
+            3,
+            min_workers=2,
+            discover=f"cat {slots}",
+            discover_seconds=0.1,
+            timeout=1.5,
+            grace_seconds=2,
+            echo=False,
+        )
+    finally:
+        timer.cancel()
+    assert result.timed_out and result.workers == ()
+    assert [len(run.workers) for run in result.previous] == [2]
+
+
+def test_an_older_answer_does_not_replace_a_newer_one():
+    answers = iter([(0.5, ["a"]), (0.0, ["a", "b"])])
+
+    def hook():
+        delay, slots = next(answers)
+        time.sleep(delay)
+        return slots
+
+    discovery = Discovery(hook, 1.0, echo=False)
+    slow = threading.Thread(target=discovery.ask)
+    slow.start()  # asked first, answers last
+    time.sleep(0.1)
+    assert discovery.ask() == ("a", "b")
+    slow.join()
+    assert discovery.latest == ("a", "b")
+    assert Discovery(lambda: "x\ny\n", 1.0).ask() == ("x", "y")  # a string: lines
