@@ -81,9 +81,10 @@ class ReplicatorState:
         step_functions: Compiled `run_steps` loops, by their arguments.
         sample_counts: Declared sample counts by replica (the one side channel of
             the step: see `keras_integration/_sample_count`).
-        resume_batches: Batches of the next `fit`'s first epoch that a backup made
-            at a preemption already trained on (`_files/backup`, issue 38): its
-            epoch iterator skips them, then sets this back to 0.
+        resume_batches: Batches of the next `fit`'s first epoch that a mid-epoch
+            backup (a preemption, an integer `save_freq`) already trained on
+            (`_files/backup`, issue 38): its epoch iterator skips them, then
+            sets this back to 0.
     """
 
     options: Any = None

@@ -208,7 +208,7 @@ PATCHES: tuple[Patch, ...] = (
         _KERAS,
         "digest",
         "keras-team/keras#15711 (closed unmerged: fit resumes epochs, not steps)",
-        "a backup made at a preemption would restart its epoch, not resume mid-epoch",
+        "a mid-epoch backup would restart its epoch, not resume mid-epoch",
     ),
     *_patches(
         "keras.src.saving.saving_lib",

@@ -141,7 +141,8 @@ def _patch_epoch_iterator(hooks):
 
 
 def _patch_resume_mid_epoch(hooks):
-    # A backup made at a preemption resumes mid-epoch (issue 38). Keras' `fit`
+    # A mid-epoch backup (a preemption, an integer save_freq) resumes there
+    # (issue 38). Keras' `fit`
     # has an initial epoch but no initial step, so the batches of the first epoch
     # that the backup already trained on are read and dropped here: the data
     # position stays exact, and the steps (and the callbacks' batch numbers)

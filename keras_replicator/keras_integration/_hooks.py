@@ -50,7 +50,7 @@ class KerasHooks:
 
     @staticmethod
     def take_resume_batches(strategy) -> int:
-        """The batches of `fit`'s first epoch a preemption backup already trained
+        """The batches of `fit`'s first epoch a mid-epoch backup already trained
         on (`_files/backup`; issue 38), or 0; once: later epochs start at 0."""
         state = replicator_state(strategy)
         if state is None:

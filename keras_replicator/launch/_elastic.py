@@ -156,17 +156,13 @@ class Discovery:
             note(f"discover failed ({error}); the slots stay as last known.")
 
 
-def workers_for(slots: tuple[str, ...] | None, current: int, most: int) -> int:
+def workers_for(slots: tuple[str, ...], most: int) -> int:
     """How many workers the slots allow: all of them up to `most`.
 
-    With no answer yet (`None`), the current number stands.
-
     Example:
-    >>> workers_for(("a", "b"), current=3, most=3), workers_for(None, 3, 3)
+    >>> workers_for(("a", "b"), most=3), workers_for(("a", "b", "c", "d"), most=3)
     (2, 3)
     """
-    if slots is None:
-        return current
     return min(len(slots), most)
 
 
@@ -190,7 +186,7 @@ def resize_wanted(running, latest, most: int, fewest: int) -> bool:
     """
     if latest is None:
         return False
-    wanted = min(len(latest), most)
+    wanted = workers_for(latest, most)
     if wanted < fewest:
         return False
     return wanted != len(running) or any(slot not in latest for slot in running)

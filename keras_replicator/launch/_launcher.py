@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from keras_replicator._worker_env import PREEMPTED_FILE_ENV, SLOT_ENV
-from keras_replicator.launch._cluster import plan_cluster
+from keras_replicator.launch._cluster import ClusterPlan, plan_cluster
 from keras_replicator.launch._elastic import Discovery, resize_wanted, workers_for
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
 from keras_replicator.launch._output import note
@@ -226,8 +226,8 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
         slots = discovery.wait_for(options.fewest_workers, deadline)
         if slots is None:
             return _no_slots(options, started)
-        size = workers_for(slots, size, options.num_workers)
-        plan = plan_cluster(dataclasses.replace(options, num_workers=size))
+        size = workers_for(slots, options.num_workers)
+        plan = _plan(options, size)
         discovery.start()
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
@@ -281,7 +281,7 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
             earlier.append(result)
             if options.echo:
                 _note(f"{result.headline()}. Starting again on fresh ports.")
-            plan = plan_cluster(dataclasses.replace(options, num_workers=size))
+            plan = _plan(options, size)
             continue
         if result.timed_out or (result.ok and not result.preempted):
             break
@@ -292,14 +292,12 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
         before = size
         if discovery is not None:
             waiting = time.monotonic()
-            fresh = discovery.ask()
-            if fresh is None or len(fresh) < options.fewest_workers:
-                fresh = discovery.wait_for(options.fewest_workers, deadline)
-                if fresh is None:
-                    result = _no_slots(options, waiting)
-                    break
+            fresh = discovery.wait_for(options.fewest_workers, deadline)
+            if fresh is None:
+                result = _no_slots(options, waiting)
+                break
             slots = fresh
-            size = workers_for(slots, size, options.num_workers)
+            size = workers_for(slots, options.num_workers)
         if resized:
             resizes += 1
             why = "the slots changed"
@@ -308,11 +306,15 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
             why = f"restart {attempt} of {options.max_restarts}"
         if options.echo:
             _note(_restart_note(result, before, size, why, resized))
-        # Fresh ports: the old ones may linger.
-        plan = plan_cluster(dataclasses.replace(options, num_workers=size))
+        plan = _plan(options, size)  # fresh ports: the old ones may linger
     return dataclasses.replace(
         result, restarts=attempt, previous=tuple(earlier), resizes=resizes
     )
+
+
+def _plan(options: LaunchOptions, size: int | None) -> ClusterPlan:
+    """The cluster for `size` workers (an elastic launch's size), fresh ports."""
+    return plan_cluster(dataclasses.replace(options, num_workers=size))
 
 
 def _failed_on_its_own(result: LaunchResult) -> bool:

@@ -5,6 +5,7 @@ tests/callbacks/test_elastic_multi_worker.py; here the launcher's rules: which
 size each run gets, what counts as a restart, what a preempted run is.
 """
 
+import contextlib
 import os
 import sys
 import textwrap
@@ -54,6 +55,17 @@ WORKER = textwrap.dedent(
         preempted()
     """
 )
+
+
+@contextlib.contextmanager
+def _slots_later(path, seconds, *names):
+    """Rewrites the slots file `path` to `names` after `seconds`, in the block."""
+    timer = threading.Timer(seconds, lambda: open(path, "w").write("\n".join(names)))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _slots(tmp_path, *names):
@@ -123,9 +135,7 @@ def test_slots_announced_gone_stop_the_group_before_it_fails(tmp_path):
     slots = _slots(tmp_path, "a", "b", "c")
     sleep = "import os, time; n = os.environ['KERAS_REPLICATOR_NUM_WORKERS']\n"
     command = [PY, "-c", sleep + "time.sleep(60 if n == '3' else 0)"]
-    timer = threading.Timer(1.0, lambda: open(slots, "w").write("a\nb\n"))
-    timer.start()
-    try:
+    with _slots_later(slots, 1.0, "a", "b"):
         result = launch(
             command,
             3,
@@ -136,8 +146,6 @@ def test_slots_announced_gone_stop_the_group_before_it_fails(tmp_path):
             grace_seconds=2,
             echo=False,
         )
-    finally:
-        timer.cancel()
     assert result.ok and (result.restarts, result.resizes) == (0, 1)
     assert len(result.workers) == 2 and result.previous[0].interrupted
 
@@ -156,9 +164,7 @@ def test_a_preempted_group_is_started_again_and_counted(tmp_path):
 
 def test_the_launch_waits_for_min_workers_slots(tmp_path):
     slots = _slots(tmp_path, "a")
-    timer = threading.Timer(1.0, lambda: open(slots, "w").write("a\nb\nc\nd\n"))
-    timer.start()
-    try:
+    with _slots_later(slots, 1.0, "a", "b", "c", "d"):
         result = launch(
             [PY, "-c", "import os; print(os.environ['KERAS_REPLICATOR_SLOT'])"],
             3,
@@ -168,8 +174,6 @@ def test_the_launch_waits_for_min_workers_slots(tmp_path):
             timeout=60,
             echo=False,
         )
-    finally:
-        timer.cancel()
     assert result.ok
     assert [w.output.strip() for w in result.workers] == ["a", "b", "c"]  # at most 3
 
@@ -193,7 +197,7 @@ def test_discovery_answers_and_failures(capsys):
     assert failing.ask() is None
     err = capsys.readouterr().err
     assert err.count("discover failed (RuntimeError: exit code 3 nope)") == 1
-    assert workers_for(("a", "b", "c", "d"), 2, most=3) == 3
+    assert workers_for(("a", "b", "c", "d"), most=3) == 3
 
 
 @pytest.mark.parametrize(
@@ -247,9 +251,7 @@ def test_a_group_that_is_finishing_is_not_resized(tmp_path):
     slots = _slots(tmp_path, "a", "b")
     index = "int(os.environ['KERAS_REPLICATOR_WORKER_INDEX'])"
     finish = f"import os, time; time.sleep(2 * {index})"
-    timer = threading.Timer(1.0, lambda: open(slots, "w").write("a\nb\nc\n"))
-    timer.start()
-    try:
+    with _slots_later(slots, 1.0, "a", "b", "c"):
         result = launch(
             [PY, "-c", finish],
             3,
@@ -259,8 +261,6 @@ def test_a_group_that_is_finishing_is_not_resized(tmp_path):
             timeout=60,
             echo=False,
         )
-    finally:
-        timer.cancel()
     assert result.ok and result.resizes == 0 and result.previous == ()
     assert len(result.workers) == 2
 
@@ -316,9 +316,7 @@ def test_no_group_starts_after_the_deadline(tmp_path):
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "time.sleep(60)"
     )
-    timer = threading.Timer(0.5, lambda: open(slots, "w").write("a\nb\nc\n"))
-    timer.start()
-    try:
+    with _slots_later(slots, 0.5, "a", "b", "c"):
         result = launch(
             [PY, "-c", stubborn],
             3,
@@ -329,8 +327,6 @@ def test_no_group_starts_after_the_deadline(tmp_path):
             grace_seconds=2,
             echo=False,
         )
-    finally:
-        timer.cancel()
     assert result.timed_out and result.workers == ()
     assert [len(run.workers) for run in result.previous] == [2]
 
