@@ -22,7 +22,8 @@ FIT_CONFIGS = {
     "2 processes, no communication": "independent",
     "2 one-worker strategies, no communication": "solo",
     "2 stock one-device MirroredStrategies, no communication": "mirrored",
-    "ours default (socket ring, 16 MB)": {},
+    "ours default (socket ring)": {},
+    "ours socket ring, 16 MB": {"bucket_mb": 16},
     "collective 1 pack (stock packing)": {"transport": "collective", "bucket_mb": 0},
     "collective 16MB": {"transport": "collective"},
     "collective bf16": {"transport": "collective", "compression": "bf16"},
@@ -35,7 +36,7 @@ RESNET20_CONFIGS = (
     "one process, 2 threads",
     "2 processes, no communication",
     "2 one-worker strategies, no communication",
-    "ours default (socket ring, 16 MB)",
+    "ours default (socket ring)",
     "collective 1 pack (stock packing)",
     "collective 16MB",
 )

@@ -26,11 +26,13 @@ STEPS = {"mlp": 40, "small_mlp": 60, "resnet20": 24}
 INPUT_SHAPE = {"mlp": (784,), "small_mlp": (784,), "resnet20": (32, 32, 3)}
 STEADY_AFTER = 10
 NO_COMMUNICATION = "ours 2 workers, no communication"
+BUCKETS_16MB = "ours 2 workers, 16 MB buckets"
 TWO_PROCESS_ARMS = (
     "ours 2 workers",
     "stock 2 workers",
     "2 plain processes",
     NO_COMMUNICATION,
+    BUCKETS_16MB,
 )
 
 
@@ -158,6 +160,9 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
         "ours 1 device": lambda: kr.MultiDeviceReplicator(devices=["/cpu:0"]),
         "ours 2 workers": kr.MultiWorkerReplicator,
         NO_COMMUNICATION: kr.MultiWorkerReplicator,
+        BUCKETS_16MB: lambda: kr.MultiWorkerReplicator(
+            all_reduce=kr.AllReduceOptions(bucket_mb=16)
+        ),
         "stock 2 workers": lambda: kr.MultiWorkerReplicator(
             all_reduce=kr.AllReduceOptions(transport="collective", bucket_mb=0)
         ),
@@ -199,7 +204,7 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
                 cpu.append(thread_cpu_seconds())
 
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-    if arm in ("ours 2 workers", "stock 2 workers"):
+    if arm in ("ours 2 workers", "stock 2 workers", BUCKETS_16MB):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.DATA

@@ -35,7 +35,11 @@ Arms, at each model's global batch:
 * `ours 2 workers, no communication` (diagnostic, only with `--arms`): `ours 2
   workers` whose ring all-reduces return each worker's own values (wrong numbers):
   everything the step does but communicate, so the rest of the gap to the ceiling
-  is the communication's (issue 36).
+  is the communication's (issue 36);
+* `ours 2 workers, 16 MB buckets` (diagnostic, only with `--arms`): `ours 2
+  workers` with `kr.AllReduceOptions(bucket_mb=16)`, the default before the
+  default followed the executor (one buffer per dtype on a worker with one
+  inter-op thread, as here; issue 36).
 
     python benchmarks/step_overhead.py [--rounds 3]
         [--models mlp small_mlp resnet20] [--arms ARM ...] [--diagnose]
@@ -74,6 +78,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
 from _step_overhead_arm import (
+    BUCKETS_16MB,
     GLOBAL_BATCH,
     NO_COMMUNICATION,
     STEADY_AFTER,
@@ -93,7 +98,8 @@ ARMS = (
     "stock 2 workers",
     "2 plain processes",
 )
-DIAGNOSTIC_ARMS = (NO_COMMUNICATION,)  # only when asked for with --arms
+# only when asked for with --arms
+DIAGNOSTIC_ARMS = (NO_COMMUNICATION, BUCKETS_16MB)
 CEILINGS = ("plain", "2 plain processes")
 # Issue 36's targets: ours 1 device's step / plain's; ours 2 workers' speed / 2
 # plain processes'; ours 2 workers' first step / ours 1 device's.

@@ -105,7 +105,7 @@ def all_reduce_sum(
     divided = set()
     # Float32 / float64 first: their first bucket carries the exact scalars.
     buckets = _buckets.plan_by_dtype(
-        [gradients[i] for i in dense], options.resolved_bucket_bytes()
+        [gradients[i] for i in dense], bucket_bytes(options, transport)
     )
     counted = divide_by_exact and transport.divides and options.compression is None
     first_dtype = gradients[dense[buckets[0][0]]].dtype if buckets else None
@@ -150,6 +150,45 @@ def all_reduce_sum(
             for i, g in enumerate(results)
         ]
     return results, list(summed_exact or [])
+
+
+# The default bucket where a transport's calls cannot overlap the backward pass:
+# every bucket of a smaller model in one call; a cap keeps the socket ring's
+# shared memory bounded (a chunk of a bucket at most) for large ones.
+UNOVERLAPPED_BUCKET_MB = 64.0
+
+
+def bucket_bytes(options: AllReduceOptions, transport: _transport.Transport) -> float:
+    """The bucket capacity for the gradient all-reduce on `transport`.
+
+    Buckets exist so that a bucket travels while earlier layers are still being
+    differentiated. Where the transport's calls cannot overlap the backward pass
+    (the socket ring on workers with one inter-op thread), more buckets only add
+    calls, each a point where the workers wait for each other (issue 36: the
+    6.3M MLP on 2 workers went from 0.85x to 0.90x of 2 plain processes,
+    docs/performance.md). So there the default (`bucket_mb=None`) without
+    compression is `UNOVERLAPPED_BUCKET_MB`; an explicit `bucket_mb` is always
+    kept, and so are 16 MB buckets under compression (fp16 scales per bucket).
+
+    Args:
+        options: The all-reduce options.
+        transport: The transport the buckets travel on.
+
+    Returns:
+        The capacity in bytes for `_buckets.plan_by_dtype` (0: one per dtype).
+
+    Example:
+    >>> class Blocking:
+    ...     overlaps = False
+    >>> bucket_bytes(AllReduceOptions(), Blocking()) / 1e6
+    64.0
+    >>> bucket_bytes(AllReduceOptions(bucket_mb=4), Blocking()) / 1e6
+    4.0
+    """
+    default = options.bucket_mb is None and options.compression is None
+    if default and not transport.overlaps:
+        return UNOVERLAPPED_BUCKET_MB * 1e6
+    return options.resolved_bucket_bytes()
 
 
 def mean_over_replicas(values) -> list[tf.Tensor]:

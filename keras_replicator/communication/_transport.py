@@ -46,6 +46,8 @@ class Transport(Protocol):
     # `all_reduce_counted(values, counts)` sums the counts in the same call
     divides: bool
     scatters: bool  # reduce-scatter / all-gather move 1/N of an all-reduce each
+    # a call can run while the step's backward pass still computes (buckets pay)
+    overlaps: bool
 
     def all_reduce(self, values, divide_by=None) -> list[tf.Tensor]: ...
 
@@ -96,6 +98,17 @@ class SocketTransport:
     def __init__(self, ring, context):
         self._ring = ring
         self._replicas = context.num_replicas_in_sync
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether a ring call can run while the backward pass computes.
+
+        A ring call is a synchronous `tf.numpy_function`: it holds the inter-op
+        thread that runs it, so it overlaps the backward pass only where every
+        worker runs its ops on more than one; the workers agree on it when the
+        ring opens (docs/communication.md, "Overlap").
+        """
+        return self._ring.overlaps
 
     def all_reduce(self, values, divide_by=None) -> list[tf.Tensor]:
         shapes = [v.shape for v in values]
@@ -153,6 +166,7 @@ class CollectiveTransport:
     fuses = False
     divides = False
     scatters = False
+    overlaps = True  # collectives run on their own threads, not the executor's
 
     def __init__(self, context, options: AllReduceOptions, timeout=None):
         self._context = context

@@ -32,9 +32,13 @@ class AllReduceOptions:
     Args:
         bucket_mb: Bucket size in megabytes (10**6 bytes) of the gradients'
             own dtype. `0` sends each dtype's gradients as one buffer (TensorFlow's
-            stock behaviour). Defaults to `None`: the library's tuned default
-            (16 MB: on 2 CPU workers, 8-32 MB buckets beat 1-4 MB by 10-15% on
-            both transports).
+            stock behaviour). Defaults to `None`: the library's tuned default,
+            16 MB (on 2 CPU workers, 8-32 MB buckets beat 1-4 MB by 10-15% on
+            both transports), or 64 MB uncompressed on the socket ring of
+            workers that run their ops on one inter-op thread, where no bucket
+            can travel during the backward pass and each additional bucket is
+            one more point where the workers wait for each other (issue 36,
+            docs/communication.md, "Overlap").
         compression: `None` (send float32 / the gradient's dtype), `"bf16"`
             (bfloat16 on the wire: float32's range, 8 bits of mantissa, no
             scaling) or `"fp16"` (float16, 11 bits of mantissa, with a power-of-two
@@ -184,7 +188,12 @@ class AllReduceOptions:
             )
 
     def resolved_bucket_mb(self) -> float:
-        """The bucket size in use: `bucket_mb`, or the tuned default if `None`."""
+        """`bucket_mb`, or the tuned 16 MB if `None`.
+
+        The gradient all-reduce and the sharded update size their buckets with
+        `communication._all_reduce.bucket_bytes`, which takes 64 MB instead
+        where the transport's calls cannot overlap the backward pass.
+        """
         return DEFAULT_BUCKET_MB if self.bucket_mb is None else float(self.bucket_mb)
 
     def resolved_bucket_bytes(self) -> float:

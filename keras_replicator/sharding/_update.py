@@ -7,7 +7,8 @@ gradient accumulation, EMA, the step counter) is unchanged. It asks
 `communication/` for three things only: the reduction rule (`_reduction`: this
 replica's share of the sum, the sample-weighted mean's weights or the stock
 sum), the bucket plan (`_buckets.plan_by_dtype`: the strategy's `bucket_mb`, in
-reverse layer order, as for the all-reduce) and the transport (`_transport`).
+reverse layer order, sized by `_all_reduce.bucket_bytes` as for the all-reduce)
+and the transport (`_transport`).
 Per bucket of same-dtype gradients:
 
 1. this replica's share is packed into the `[N, C]` piece matrix (`_layout`),
@@ -78,7 +79,9 @@ def sharded_update_step(
     grads, exact = _reduction.prepare_sum(grads, average, declared)
     options = _all_reduce.options_of(context.strategy)
     transport = _transport.transport_for(context.strategy, options, context)
-    buckets = _buckets.plan_by_dtype(grads, options.resolved_bucket_bytes())
+    buckets = _buckets.plan_by_dtype(
+        grads, _all_reduce.bucket_bytes(options, transport)
+    )
     total = None
     carriers = _buckets.EXACT_CARRIERS
     if exact and not any(grads[b[0]].dtype in carriers for b in buckets):

@@ -260,3 +260,74 @@ def test_mean_over_replicas_of_mixed_dtypes_on_the_collectives():
         assert replicas[0].dtype == dtype
         assert replicas[0].numpy().tobytes() == replicas[1].numpy().tobytes()
         assert replicas[0].numpy() == np.asarray(value, dtype)
+
+
+class _Overlapping:
+    overlaps = True
+
+
+class _Blocking:
+    overlaps = False
+
+
+MB = 1e6
+
+
+@pytest.mark.parametrize(
+    "options, transport, expected",
+    [
+        (kr.AllReduceOptions(), _Overlapping(), 16 * MB),
+        (kr.AllReduceOptions(), _Blocking(), _all_reduce.UNOVERLAPPED_BUCKET_MB * MB),
+        (kr.AllReduceOptions(bucket_mb=4), _Blocking(), 4 * MB),
+        (kr.AllReduceOptions(bucket_mb=16), _Blocking(), 16 * MB),
+        (kr.AllReduceOptions(bucket_mb=0), _Blocking(), 0.0),
+        (kr.AllReduceOptions(compression="fp16"), _Blocking(), 16 * MB),
+    ],
+    ids=["overlaps", "blocks", "explicit-4", "explicit-16", "zero", "fp16-scales"],
+)
+def test_the_default_bucket_follows_whether_calls_can_overlap(
+    options, transport, expected
+):
+    # Buckets pay only where a bucket travels during the backward pass (issue 36).
+    assert _all_reduce.bucket_bytes(options, transport) == expected
+
+
+class _Recording:
+    """A fusing, dividing transport that counts the tensors of each call (one
+    replica: each sum is the value itself)."""
+
+    fuses = divides = scatters = True
+
+    def __init__(self, overlaps):
+        self.overlaps = overlaps
+        self.calls = []
+
+    def all_reduce(self, values, divide_by=None):
+        self.calls.append(len(values))
+        return list(values)
+
+    def all_reduce_counted(self, values, counts):
+        self.calls.append(len(values))
+        return list(values), list(counts)
+
+
+@pytest.mark.parametrize(
+    "megabytes, overlaps, calls",
+    [
+        ((8, 8, 8), True, [2, 1]),  # 16 MB buckets
+        ((8, 8, 8), False, [3]),  # one call
+        ((40, 40, 40), False, [1, 1, 1]),  # capped at 64 MB
+    ],
+    ids=["overlaps", "blocks", "blocks-large"],
+)
+def test_the_all_reduce_plans_its_calls_by_the_transport(
+    monkeypatch, megabytes, overlaps, calls
+):
+    transport = _Recording(overlaps)
+    monkeypatch.setattr(_all_reduce._transport, "transport_for", lambda *a: transport)
+    gradients = [tf.zeros([int(mb * MB) // 4]) for mb in megabytes]
+    summed, counts = _all_reduce.all_reduce_sum(
+        gradients, exact=[tf.constant(4.0)], divide_by_exact=True
+    )
+    assert transport.calls == calls
+    assert len(summed) == 3 and [float(c) for c in counts] == [4.0]

@@ -274,3 +274,44 @@ def test_a_listener_that_cannot_prove_the_secret_fails_at_once():
         impostor.close()
         for connection in accepted:
             connection.close()
+
+
+@pytest.mark.parametrize(
+    "threads, overlaps",
+    [((4, 1, 4), False), ((2, 2, 8), True)],
+    ids=["one-worker-has-one-thread", "all-have-several"],
+)
+def test_the_workers_agree_whether_ring_calls_overlap(
+    threads_as_workers, monkeypatch, threads, overlaps
+):
+    # A worker with one inter-op thread plans its buckets as if calls cannot
+    # overlap; if the others planned theirs differently they would send other
+    # buffers. So the ring's answer is the same on every worker.
+    local = threading.local()
+    monkeypatch.setattr(_setup, "executor_threads", lambda: threads[local.rank])
+    exchange = _Exchange(3)
+    rings = [None] * 3
+
+    def work(rank):
+        local.rank = rank
+        rings[rank] = _socket_ring.SocketRing.connect(
+            _Worker(exchange, rank), timeout=3.0
+        )
+
+    workers = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(3)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(15)
+    assert all(ring is not None for ring in rings), "connect failed or hung"
+    assert [ring.overlaps for ring in rings] == [overlaps] * 3
+
+
+def test_executor_threads_are_the_inter_op_threads(monkeypatch):
+    get = "get_inter_op_parallelism_threads"
+    monkeypatch.setattr(_setup.tf.config.threading, get, lambda: 3)
+    assert _setup.executor_threads() == 3
+    # 0 (not set): TensorFlow's one per core this process may run on.
+    monkeypatch.setattr(_setup.tf.config.threading, get, lambda: 0)
+    monkeypatch.setattr(_setup.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert _setup.executor_threads() == 2

@@ -96,6 +96,7 @@ class HierarchicalRing:
         self.flat, self.row, self.column = flat, row, column
         self.rank, self.size = flat.rank, flat.size
         self.order, self.replica = flat.order, flat.replica
+        self.overlaps = flat.overlaps
         self._buffers: dict = {}  # `_scratch`'s
 
     @property

@@ -44,7 +44,10 @@ def connect(
     except ValueError as error:
         problem = problem or str(error)
     # The ring follows the machines; rows and columns only if all allow them.
-    row = row + _setup.machine_key() + [grid_allowed]
+    # Its calls overlap the backward pass only if every worker has a thread for
+    # them: a worker that plans buckets differently would send other buffers.
+    overlaps = float(_setup.executor_threads() > 1)
+    row = row + _setup.machine_key() + [grid_allowed, overlaps]
     words = _handshake.secret_words()
     table, rank = _setup.share(strategy, row + words + [_setup.flag(problem)])
     failed = _setup.failed(table)
@@ -53,9 +56,10 @@ def connect(
             server.close()
         return _setup.give_up(required, failed, problem)
     secret = _handshake.derive_secret(table[:, len(row) : len(row) + len(words)])
-    machines = table[:, len(row) - 3 : len(row) - 1]
+    machines = table[:, len(row) - 4 : len(row) - 2]
     order = _setup.ring_order(machines)
-    grid_allowed = bool(table[:, len(row) - 1].min())
+    grid_allowed = bool(table[:, len(row) - 2].min())
+    overlaps = bool(table[:, len(row) - 1].min())
     position = order.index(rank)  # the ring's own numbering from here on
     wait = timeout if required else min(timeout, _setup.AUTO_CONNECT_TIMEOUT)
     send = receive = None
@@ -80,6 +84,7 @@ def connect(
         _frames.shut_down(send, receive)
         raise RuntimeError(f"The socket ring could not open: {error}") from error
     ring = ring_class(position, size, send, receive, timeout, link, order)
+    ring.overlaps = overlaps
     rows = _hierarchical.grid(order, machines) if grid_allowed else None
     if rows is None:
         return ring

@@ -127,6 +127,24 @@ def share(strategy, row):
     return table, int(strategy.experimental_local_results(rank)[0])
 
 
+def executor_threads() -> int:
+    """The inter-op threads TensorFlow runs a step's ops on in this process.
+
+    `tf.config.threading.set_inter_op_parallelism_threads(n)` sets it; 0 (not
+    set) lets TensorFlow pick one per core this process may run on.
+
+    Example:
+    >>> executor_threads() >= 1
+    True
+    """
+    threads = tf.config.threading.get_inter_op_parallelism_threads()
+    if threads > 0:
+        return threads
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def flag(problem) -> float:
     """1.0 if this worker had a problem: the last column of a shared row."""
     return 0.0 if problem is None else 1.0

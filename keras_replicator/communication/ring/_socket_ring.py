@@ -74,6 +74,9 @@ class SocketRing:
         bytes_sent: The payload bytes this worker has sent, headers excluded.
         calls: The calls this worker has made (`all_reduce`, `reduce_scatter`,
             `all_gather`; none with one worker): each is one ring protocol.
+        overlaps: Whether every worker runs its ops on more than one inter-op
+            thread, so that a ring call can run during the backward pass
+            (agreed in `connect`; True for a ring made otherwise).
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class SocketRing:
         self.replica = self.order[rank]
         self._lock = threading.Lock()
         self.calls = 0
+        self.overlaps = True  # the default buckets follow it (`_all_reduce`)
         self._failure = None  # the first failure's description; the ring is dead
         self.bytes_sent = 0
 
