@@ -168,7 +168,7 @@ def _make_loop_function(model, make_replica_step, phase):
                 # No AutoGraph: the loop is written in tf.while_loop / tf.cond and
                 # the step under it is never converted (Keras' own step functions
                 # are `do_not_convert` too); converting this wrapper alone cost
-                # 20-35 ms of every first step (issue 36).
+                # 51-86 ms of a profiled first step (issue 36).
                 multi_step = tf.function(
                     multi_step, reduce_retracing=True, autograph=False
                 )
