@@ -78,39 +78,40 @@ def run_ps_group(
         for position in range(len(specs)):
             start(position)
         while True:
-            now = time.monotonic()
-            if processes[chief].poll() is not None:
-                exits[chief] = now - started
-                break
-            for position, process in enumerate(processes):
-                if position == chief or process.poll() is None:
-                    continue
-                if kinds[position] == "worker" and rejoins[position] < max_rejoins:
-                    rejoins[position] += 1
-                    _note(
-                        echo,
-                        f"{specs[position].label} exited with code "
-                        f"{process.returncode}; restarting it to rejoin the job "
-                        f"({rejoins[position]} of {max_rejoins}).",
-                    )
-                    time.sleep(_REJOIN_DELAY_SECONDS)
-                    start(position)
-                    continue
-                if exits[position] is None:
-                    exits[position] = now - started
-                    if kinds[position] == "ps":
-                        ps_died_at = now
+            with signals_deferred():  # never inside `poll()` (see `_signals.py`)
+                now = time.monotonic()
+                if processes[chief].poll() is not None:
+                    exits[chief] = now - started
+                    break
+                for position, process in enumerate(processes):
+                    if position == chief or process.poll() is None:
+                        continue
+                    if kinds[position] == "worker" and rejoins[position] < max_rejoins:
+                        rejoins[position] += 1
                         _note(
                             echo,
                             f"{specs[position].label} exited with code "
-                            f"{process.returncode}; the chief will fail (its "
-                            "variables are gone).",
+                            f"{process.returncode}; restarting it to rejoin the job "
+                            f"({rejoins[position]} of {max_rejoins}).",
                         )
-            if ps_died_at is not None and now - ps_died_at > ps_failure_grace:
-                break
-            if deadline is not None and now > deadline:
-                timed_out = True
-                break
+                        time.sleep(_REJOIN_DELAY_SECONDS)
+                        start(position)
+                        continue
+                    if exits[position] is None:
+                        exits[position] = now - started
+                        if kinds[position] == "ps":
+                            ps_died_at = now
+                            _note(
+                                echo,
+                                f"{specs[position].label} exited with code "
+                                f"{process.returncode}; the chief will fail (its "
+                                "variables are gone).",
+                            )
+                if ps_died_at is not None and now - ps_died_at > ps_failure_grace:
+                    break
+                if deadline is not None and now > deadline:
+                    timed_out = True
+                    break
             time.sleep(_POLL_SECONDS)
     finally:
         stopped = _stop(processes, grace_seconds)

@@ -55,6 +55,7 @@ from keras_replicator.launch._signals import signals_deferred
 
 _TAIL_LINES = 200
 _POLL_SECONDS = 0.05
+_REAP_SECONDS = 5.0  # after SIGKILL; see `_reap`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,26 +232,33 @@ def run_group(
         for position, spec in enumerate(everything):
             with signals_deferred():
                 processes.append(_start(command, spec, env, cwd, grace_seconds))
-            readers.append(_read(processes[-1], spec.prefix, tails[position], output))
+                readers.append(
+                    _read(processes[-1], spec.prefix, tails[position], output)
+                )
         while True:
-            now = time.monotonic() - started
-            for position, process in enumerate(processes):
-                if exits[position] is None and process.poll() is not None:
-                    exits[position] = now
-            codes = [p.returncode for p in processes[first:]]
-            if all(code is not None for code in codes):
-                break
-            if any(code not in (None, 0) for code in codes):
-                break
-            if any(p.returncode is not None for p in processes[:first]):
-                break  # a service task left before the workers were done
-            if deadline is not None and time.monotonic() > deadline:
-                timed_out = True
-                break
-            # Once a worker is done (exit 0), the group is ending: no resize.
-            if stop_when is not None and all(c is None for c in codes) and stop_when():
-                interrupted = True
-                break
+            # A signal lands in the sleep, or at the end of this block: never in
+            # `poll()` between taking the process's lock and its `try:` (a lock
+            # left taken hangs `_stop`'s `wait()`), see `_signals.py`.
+            with signals_deferred():
+                now = time.monotonic() - started
+                for position, process in enumerate(processes):
+                    if exits[position] is None and process.poll() is not None:
+                        exits[position] = now
+                codes = [p.returncode for p in processes[first:]]
+                if all(code is not None for code in codes):
+                    break
+                if any(code not in (None, 0) for code in codes):
+                    break
+                if any(p.returncode is not None for p in processes[:first]):
+                    break  # a service task left before the workers were done
+                if deadline is not None and time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                # Once a worker is done (exit 0), the group is ending: no resize.
+                if stop_when is not None and all(c is None for c in codes):
+                    if stop_when():
+                        interrupted = True
+                        break
             time.sleep(_POLL_SECONDS)
     finally:
         stopped.update(_stop(processes, grace_seconds))
@@ -329,25 +337,44 @@ def _stop(processes, grace_seconds) -> set[int]:
     Ctrl-C under Python's default handler) sends it at once, then propagates.
     Returns the positions of the workers it had to stop.
     """
-    live = {i: p for i, p in enumerate(processes) if p.poll() is None}
-    for process in live.values():
-        _signal_group(process, signal.SIGTERM)
-    end = time.monotonic() + grace_seconds
-    try:
+    # A first signal arriving now is raised once the workers are stopped.
+    with signals_deferred():
+        live = {i: p for i, p in enumerate(processes) if p.poll() is None}
         for process in live.values():
-            try:
-                process.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        for process in live.values():
-            if process.poll() is None:
-                _signal_group(process, signal.SIGKILL)
-        for process in live.values():
-            process.wait()
-        for process in processes:
-            REAPER.forget(process.pid)
+            _signal_group(process, signal.SIGTERM)
+        end = time.monotonic() + grace_seconds
+        try:
+            for process in live.values():
+                try:
+                    process.wait(timeout=max(0.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            for process in live.values():
+                if process.poll() is None:
+                    _signal_group(process, signal.SIGKILL)
+            for process in live.values():
+                _reap(process)
+            for process in processes:
+                REAPER.forget(process.pid)
     return set(live)
+
+
+def _reap(process) -> None:
+    """`process.wait()` after SIGKILL, which cannot hang.
+
+    With Python's own handlers, a `KeyboardInterrupt` can land in `poll()` just
+    after it took the process's wait lock, leaving the lock taken: `wait()`
+    would block on it for ever. So wait a bounded time, then reap directly.
+    """
+    try:
+        process.wait(timeout=_REAP_SECONDS)
+    except subprocess.TimeoutExpired:
+        try:
+            _, status = os.waitpid(process.pid, 0)
+        except ChildProcessError:  # reaped after all
+            return
+        process.returncode = os.waitstatus_to_exitcode(status)
 
 
 def _signal_group(process, sig):

@@ -13,6 +13,12 @@ Python's default handlers a second Ctrl-C raises `KeyboardInterrupt` inside the
 wait and skips the SIGKILL, orphaning any worker that ignores SIGTERM. Here later
 signals only print a note; the runner's stop routine is also written so that any
 exception during the grace period sends SIGKILL at once rather than skipping it.
+
+Where the first signal may raise matters too. The runner polls its workers and
+stops them inside `signals_deferred()` blocks, so the `StopSignal` comes out of
+its sleep or at the end of a block, never from inside `subprocess.Popen.poll()`
+after it took the process's wait lock: a lock left taken there made the stop's
+`wait()` block forever (1 launch in about 100 hung so, found by a CI run).
 The launcher's last line of defence, when it is SIGKILLed itself, is the reaper
 (`_reaper.py`).
 """
@@ -76,11 +82,12 @@ def stop_on_signals(signals=STOP_SIGNALS):
 
     def handler(signum, frame):
         if _state.received:
-            note(
-                f"received {signal.Signals(signum).name} again; the workers are "
-                "being stopped (SIGKILL after the grace period for any still "
-                "running)."
-            )
+            with contextlib.suppress(RuntimeError):  # stderr busy in this thread
+                note(
+                    f"received {signal.Signals(signum).name} again; the workers "
+                    "are being stopped (SIGKILL after the grace period for any "
+                    "still running)."
+                )
             return
         _state.received.append(signum)
         if _state.deferring:
@@ -104,8 +111,15 @@ def signals_deferred():
     The runner starts a worker and records it in one such block: a `StopSignal`
     raised between `Popen()` and the line that records the new process would
     leave that worker unknown to the runner, so never stopped. (Python runs
-    signal handlers in the main thread, where the runner starts workers.)
+    signal handlers in the main thread, where the runner starts workers.) The
+    runner polls its workers in such blocks too: `Popen.poll()` takes a lock
+    before its `try:`, and a `StopSignal` raised in between would leave the lock
+    taken and hang the `wait()` that stops the workers. Elsewhere than in the
+    main thread this does nothing (signals never arrive there).
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     state = _state
     state.deferring += 1
     try:

@@ -246,3 +246,75 @@ def test_a_second_keyboard_interrupt_kills_at_once_instead_of_orphaning(tmp_path
             parent.kill()
     assert not alive, f"workers {alive} were orphaned"
     assert b"KeyboardInterrupt" in err
+
+
+# A SIGTERM that arrives just after `Popen.poll()` took the process's wait lock and
+# before its `try:`. `_waitpid_lock` is CPython's private attribute: the one way
+# to put the signal at that point every time (it hung 1 launch in about 100).
+_SIGNAL_INSIDE_POLL = """
+import os, signal, sys, threading
+from keras_replicator.launch import _runner
+from keras_replicator.launch._signals import StopSignal, stop_on_signals
+
+SIGNAL = signal.SIGTERM
+
+class SignalAfterAcquire:
+    def __init__(self):
+        self.lock, self.armed = threading.Lock(), False
+    def acquire(self, *args, **kwargs):
+        taken = self.lock.acquire(*args, **kwargs)
+        if taken and self.armed:
+            self.armed = False
+            os.kill(os.getpid(), SIGNAL)  # its handler runs right here
+        return taken
+    def release(self):
+        self.lock.release()
+    def __enter__(self):
+        self.acquire()
+    def __exit__(self, *exc):
+        self.release()
+
+start = _runner._start
+def start_with_a_signalling_lock(*args, **kwargs):
+    process = start(*args, **kwargs)
+    assert hasattr(process, "_waitpid_lock"), "CPython's Popen changed"
+    process._waitpid_lock = SignalAfterAcquire()
+    process._waitpid_lock.armed = True
+    return process
+_runner._start = start_with_a_signalling_lock
+
+def run():
+    _runner.run_group(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        [_runner.WorkerSpec(0, None)], echo=False, grace_seconds=1,
+    )
+
+if sys.argv[1] == "launcher":  # our handlers, as `keras-replicator launch` has
+    with stop_on_signals():
+        try:
+            run()
+        except StopSignal as stop:
+            print("stopped:", stop)
+else:  # Python's own: SIGINT raises KeyboardInterrupt, as in a script
+    SIGNAL = signal.SIGINT
+    try:
+        run()
+    except KeyboardInterrupt:
+        print("stopped: KeyboardInterrupt")
+"""
+
+
+@pytest.mark.parametrize(
+    "handlers, said",
+    [("launcher", "received SIGTERM"), ("python", "KeyboardInterrupt")],
+)
+def test_a_signal_inside_poll_still_stops_the_workers(handlers, said):
+    """Before: the exception left the wait lock taken, and the stop hung."""
+    parent = subprocess.run(
+        [PY, "-c", _SIGNAL_INSIDE_POLL, handlers],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert parent.returncode == 0, parent.stderr
+    assert f"stopped: {said}" in parent.stdout
