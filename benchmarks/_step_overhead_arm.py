@@ -141,6 +141,39 @@ def _skip_the_rings_sums() -> None:
     _socket_ring.SocketRing.all_reduce = own_values
 
 
+def _time_the_rings_calls() -> list:
+    """Records `(start, end)` of each socket-ring all-reduce of this process."""
+    from keras_replicator.communication.ring import _socket_ring
+
+    calls: list = []
+    all_reduce = _socket_ring.SocketRing.all_reduce
+
+    def timed(self, *arrays, **kwargs):
+        start = time.perf_counter()
+        try:
+            return all_reduce(self, *arrays, **kwargs)
+        finally:
+            calls.append((start, time.perf_counter()))
+
+    _socket_ring.SocketRing.all_reduce = timed
+    return calls
+
+
+def ring_seconds(calls: list, ends: list, steady_after: int) -> dict:
+    """Seconds in ring calls: in the first step, and per steady step.
+
+    `calls` are `(start, end)` pairs and `ends` the batches' end stamps; a call
+    belongs to the step it ended in. The steady steps are those after
+    `ends[steady_after]`, as for the step time.
+    """
+    first = sum(b - a for a, b in calls if b <= ends[0])
+    steady = [b - a for a, b in calls if b > ends[steady_after]]
+    return {
+        "ring_first_step": first,
+        "ring_per_step": sum(steady) / (len(ends) - 1 - steady_after),
+    }
+
+
 def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
     """One process of one arm: trains and prints `RESULT {json}` (worker 0)."""
     import tensorflow as tf
@@ -169,6 +202,7 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
     }[arm]()
     if arm == NO_COMMUNICATION:
         _skip_the_rings_sums()
+    ring_calls = _time_the_rings_calls() if diagnose else []
     # The dataset's batch is the global batch (tf.distribute splits it between
     # workers); two plain processes each train on half of it.
     batch = GLOBAL_BATCH[model_name]
@@ -224,5 +258,7 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
         result["cpu_per_step_by_name"] = cpu_per_step(
             cpu[0], cpu[1], len(steady), by="name"
         )
+        if ring_calls:
+            result.update(ring_seconds(ring_calls, ends, STEADY_AFTER))
     if int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0")) == 0:
         print("RESULT " + json.dumps(result), flush=True)

@@ -104,6 +104,13 @@ def report_diagnose(summary: dict) -> None:
                     f"{1000 * cpu.get(g, 0.0):>{max(len(g), 6)}.1f}" for g in groups
                 )
             )
+        for arm, d in rows.items():
+            if "ring_first_step_s" in d:
+                print(
+                    f"{arm}: ring calls {1000 * d['ring_first_step_s']:.1f} ms in "
+                    f"the first step, {1000 * d['ring_per_step_s']:.1f} ms per "
+                    "steady step (worker 0, waits included)"
+                )
 
 
 def plot(summary: dict, path: str) -> None:

@@ -50,7 +50,10 @@ ratio needs them). `--diagnose` adds, per arm (worker 0's process on 2 workers),
 the median `train_function` call per batch and the Keras loop between calls (from
 `on_train_batch_begin/end` stamps), and the CPU time per steady step of each
 thread group (`/proc/self/task/*/stat`, grouped by thread name), which shows
-background threads' cost that op-time profiles miss. `--json` keeps every
+background threads' cost that op-time profiles miss. On the socket ring it
+also times worker 0's ring calls: their seconds in the first step and per
+steady step (a call counts in the step it ends in; waiting for the other worker
+included). `--json` keeps every
 round's raw numbers, every ratio, the medians and each target's met/missed.
 One arm's process is `_step_overhead_arm.py`; the tables and the plot are
 `_step_overhead_report.py`.
@@ -223,12 +226,26 @@ def summarize(samples: dict) -> dict:
     return summary
 
 
-DIAGNOSE_KEYS = ("call", "loop", "cpu_per_step", "cpu_per_step_by_name")
+DIAGNOSE_KEYS = (
+    "call",
+    "loop",
+    "cpu_per_step",
+    "cpu_per_step_by_name",
+    "ring_first_step",
+    "ring_per_step",
+)
 
 
 def _diagnose_medians(results: list[dict]) -> dict:
     groups = sorted({g for r in results for g in r["cpu_per_step"]})
+    ring = {}
+    if all("ring_first_step" in r for r in results):
+        ring = {
+            "ring_first_step_s": _median_of(results, "ring_first_step"),
+            "ring_per_step_s": _median_of(results, "ring_per_step"),
+        }
     return {
+        **ring,
         "call_s": _median_of(results, "call"),
         "loop_s": _median_of(results, "loop"),
         "cpu_s_per_step": {

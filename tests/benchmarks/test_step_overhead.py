@@ -123,6 +123,23 @@ def test_cpu_per_step_counts_new_and_exited_threads():
     assert arm.cpu_per_step(before, after, 2, by="name")["python"] == pytest.approx(0.2)
 
 
+def test_ring_seconds_splits_the_first_step_from_the_steady_ones():
+    # Batches end at 1.0, 2.0, 3.0, 4.0 s; steady steps are those after batch 1.
+    ends = [1.0, 2.0, 3.0, 4.0]
+    calls = [(0.5, 0.9), (0.95, 1.0), (1.5, 1.6), (2.5, 2.6), (3.5, 3.8)]
+    seconds = arm.ring_seconds(calls, ends, steady_after=1)
+    assert seconds["ring_first_step"] == pytest.approx(0.45)
+    assert seconds["ring_per_step"] == pytest.approx((0.1 + 0.3) / 2)
+    diagnose = bench._diagnose_medians(
+        [
+            {"call": 1.0, "loop": 0.0, "cpu_per_step": {"total": 1.0}, **seconds},
+            {"call": 1.0, "loop": 0.0, "cpu_per_step": {"total": 1.0}, **seconds},
+        ]
+    )
+    assert diagnose["ring_first_step_s"] == pytest.approx(0.45)
+    assert diagnose["per_round"][0]["ring_per_step"] == pytest.approx(0.2)
+
+
 def test_thread_names_and_proc_stat_parsing():
     assert arm.thread_group("python", is_main=True) == "python main"
     assert arm.thread_group("tf_Compute", is_main=False) == "tf_Compute"
