@@ -18,7 +18,8 @@ Where the first signal may raise matters too. The runner polls its workers and
 stops them inside `signals_deferred()` blocks, so the `StopSignal` comes out of
 its sleep or at the end of a block, never from inside `subprocess.Popen.poll()`
 after it took the process's wait lock: a lock left taken there made the stop's
-`wait()` block forever (1 launch in about 100 hung so, found by a CI run).
+`wait()` block forever (rare: 1 of about 400 stress launches hung so; a CI run
+found it).
 The launcher's last line of defence, when it is SIGKILLed itself, is the reaper
 (`_reaper.py`).
 """

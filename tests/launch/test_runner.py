@@ -250,7 +250,7 @@ def test_a_second_keyboard_interrupt_kills_at_once_instead_of_orphaning(tmp_path
 
 # A SIGTERM that arrives just after `Popen.poll()` took the process's wait lock and
 # before its `try:`. `_waitpid_lock` is CPython's private attribute: the one way
-# to put the signal at that point every time (it hung 1 launch in about 100).
+# to put the signal at that point every time (it hung 1 of ~400 stress launches).
 _SIGNAL_INSIDE_POLL = """
 import os, signal, sys, threading
 from keras_replicator.launch import _runner
