@@ -35,8 +35,14 @@ from keras_replicator.launch._output import note
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 
 
-class StopSignal(Exception):
-    """The launcher received `signum`; the workers are stopped as this unwinds."""
+class StopSignal(BaseException):
+    """The launcher received `signum`; the workers are stopped as this unwinds.
+
+    A `BaseException`, as `KeyboardInterrupt` is: no `except Exception` on the
+    way out may take it for an ordinary failure and carry on (a discovery
+    question that the signal interrupted used to be noted as failed, and the
+    launch went on waiting for slots).
+    """
 
     def __init__(self, signum: int):
         super().__init__(f"received {signal.Signals(signum).name}")

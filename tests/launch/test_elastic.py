@@ -7,6 +7,7 @@ size each run gets, what counts as a restart, what a preempted run is.
 
 import contextlib
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -16,6 +17,7 @@ import pytest
 
 from keras_replicator.launch import LaunchOptions, launch
 from keras_replicator.launch._elastic import Discovery, workers_for
+from keras_replicator.launch._signals import StopSignal, stop_on_signals
 
 PY = sys.executable
 
@@ -347,3 +349,15 @@ def test_an_older_answer_does_not_replace_a_newer_one():
     slow.join()
     assert discovery.latest == ("a", "b")
     assert Discovery(lambda: "x\ny\n", 1.0).ask() == ("x", "y")  # a string: lines
+
+
+def test_a_signal_while_discovery_is_asked_stops_the_launch():
+    """Before: `ask()` took the `StopSignal` for a failed question and the launch
+    went on waiting for slots; later signals only printed a note."""
+    discovery = Discovery(lambda: time.sleep(3) or ["a"], 1.0, echo=False)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    with stop_on_signals():
+        timer.start()
+        with pytest.raises(StopSignal):
+            discovery.ask()
+    timer.join()
