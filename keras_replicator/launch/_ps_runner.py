@@ -72,7 +72,9 @@ def run_ps_group(
                 processes[position] = process
             else:
                 processes.append(process)
-        readers.append(_read(process, specs[position].prefix, tails[position], output))
+            readers.append(
+                _read(process, specs[position].prefix, tails[position], output)
+            )
 
     try:
         for position in range(len(specs)):
