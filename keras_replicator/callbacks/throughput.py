@@ -33,8 +33,10 @@ class Throughput(keras.callbacks.Callback):
     epoch logs get the epoch's average `examples_per_second`.
 
     Under keras_replicator strategies the examples are counted exactly inside the
-    step (a short last batch counts what it holds). Elsewhere (one device, stock
-    strategies) pass `batch_size`: each batch then counts as that many examples.
+    step (a short last batch counts what it holds), in the fits this callback
+    is given to (a train function an earlier `fit` built without counting is
+    built again). Elsewhere (one device, stock strategies) pass `batch_size`:
+    each batch then counts as that many examples.
 
     Args:
         every_n_steps: Measure every this many batches. Defaults to `50`.
@@ -84,10 +86,27 @@ class Throughput(keras.callbacks.Callback):
         self.stragglers: list[int] = []
         self._gather = None
 
+    def set_model(self, model):
+        from keras_replicator import _compat
+
+        super().set_model(model)
+        # Before `fit` builds its train function (on every worker, also under
+        # `ChiefOnly`): it counts samples from now on.
+        _sample_counter.request(model)
+        built = getattr(model, "train_function", None) is not None
+        if built and _compat.is_replicator(model.distribute_strategy):
+            if not _sample_counter.counting(model):
+                model.train_function = None  # `fit` builds it again, counting
+
     def on_train_begin(self, logs=None):
         from keras_replicator import _compat
 
         counted = _compat.is_replicator(self.model.distribute_strategy)
+        if counted and not _sample_counter.counting(self.model):
+            # Built after `set_model` reset it (a callback list made before
+            # an earlier `fit`): rebuild, counting.
+            _sample_counter.request(self.model)
+            self.model.make_train_function(force=True)
         if not counted and self.batch_size is None:
             raise ValueError(
                 "`Throughput` counts examples inside the step only under keras_"

@@ -6,6 +6,7 @@ import pytest
 
 import keras_replicator as kr
 from keras_replicator.callbacks.throughput import Throughput
+from keras_replicator.keras_integration import _sample_counter
 from keras_replicator.launch import run_workers
 from keras_replicator.testing import _workloads as w
 
@@ -45,6 +46,22 @@ def test_logs_examples_per_second_on_replicas():
         )
         assert logs["step_seconds"] > 0
     assert all(e["examples_per_second"] > 0 for e in recorder.epochs)
+
+
+def test_samples_are_counted_only_for_a_fit_that_asks():
+    # Issue 36: the counter is a variable whose creation is a cross-worker
+    # broadcast in every `fit`'s first step; only `Throughput` needs it.
+    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    with strategy.scope():
+        model = w.mlp()
+    x, y = w.classification_data(200)
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    assert _sample_counter.samples_seen(model) is None
+    assert not any("kr_samples_seen" in v.name for v in model.variables)
+    # The next `fit` asks: its (cached) train function is rebuilt, counting.
+    throughput = Throughput(every_n_steps=2)
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[throughput])
+    assert throughput._samples() == 2 * 200  # a short last batch counts its 8
 
 
 def test_one_device_counts_batches_of_the_given_size():
