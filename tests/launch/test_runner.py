@@ -220,7 +220,10 @@ def test_a_second_keyboard_interrupt_kills_at_once_instead_of_orphaning(tmp_path
         "time.sleep(120)\n"
     )
     script = (
-        "import sys\n"
+        "import signal, sys\n"
+        # A script's Ctrl-C handler even where this test runs with SIGINT
+        # ignored (a `make test &`: Python then installs none).
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from keras_replicator.launch import run_workers\n"
         f"run_workers([sys.executable, '-c', {stubborn!r}, {str(tmp_path)!r}], 2,\n"
         "            echo=False, grace_seconds=30)\n"
@@ -297,6 +300,8 @@ if sys.argv[1] == "launcher":  # our handlers, as `keras-replicator launch` has
             print("stopped:", stop)
 else:  # Python's own: SIGINT raises KeyboardInterrupt, as in a script
     SIGNAL = signal.SIGINT
+    # Installed even if this test runs with SIGINT ignored (`make test &`).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run()
     except KeyboardInterrupt:
