@@ -94,19 +94,14 @@ class Throughput(keras.callbacks.Callback):
         # `ChiefOnly`): it counts samples from now on.
         _sample_counter.request(model)
         built = getattr(model, "train_function", None) is not None
-        if built and _compat.is_replicator(model.distribute_strategy):
-            if not _sample_counter.counting(model):
+        if built and not _sample_counter.counting(model):
+            if _compat.is_replicator(model.distribute_strategy):
                 model.train_function = None  # `fit` builds it again, counting
 
     def on_train_begin(self, logs=None):
         from keras_replicator import _compat
 
         counted = _compat.is_replicator(self.model.distribute_strategy)
-        if counted and not _sample_counter.counting(self.model):
-            # Built after `set_model` reset it (a callback list made before
-            # an earlier `fit`): rebuild, counting.
-            _sample_counter.request(self.model)
-            self.model.make_train_function(force=True)
         if not counted and self.batch_size is None:
             raise ValueError(
                 "`Throughput` counts examples inside the step only under keras_"

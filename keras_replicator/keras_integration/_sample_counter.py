@@ -18,7 +18,6 @@ import tensorflow as tf
 
 _counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _requested: weakref.WeakSet = weakref.WeakSet()
-_counting: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def request(model) -> None:
@@ -27,8 +26,9 @@ def request(model) -> None:
 
 
 def counting(model) -> bool:
-    """Whether `model`'s current train function counts samples."""
-    return _counting.get(model, False)
+    """Whether `model`'s train function counts samples: the counter is made by
+    the first build after a `request`, and every build from then on uses it."""
+    return model in _counters
 
 
 def counter_for(model) -> tf.Variable | None:
@@ -46,7 +46,6 @@ def counter_for(model) -> tf.Variable | None:
                 name="kr_samples_seen",
             )
         _counters[model] = counter
-    _counting[model] = counter is not None
     return counter
 
 
