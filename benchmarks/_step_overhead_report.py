@@ -2,6 +2,9 @@
 
 Every row reads against its same-run ceiling: `step / plain` for one-process arms
 (lower is better), `speed / 2 plain` for two-process arms (higher is better).
+The table's last column is the range of that ratio over the rounds, each round
+against its own ceiling: on a machine whose speed drifts, a target missed by
+less than that range is missed within the noise (issue 36).
 """
 
 from __future__ import annotations
@@ -9,6 +12,14 @@ from __future__ import annotations
 
 def _cell(value, spec: str, width: int) -> str:
     return f"{value:>{width}{spec}}" if value is not None else " " * width
+
+
+def round_range(row: dict) -> str:
+    """`min-max` of a row's per-round ratios to its ceiling; blank for a ceiling."""
+    ratios = row.get("ratio_to_ceiling_per_round") or []
+    if not ratios or all(r == 1.0 for r in ratios):  # none, or the ceiling itself
+        return ""
+    return f"{min(ratios):.3f}-{max(ratios):.3f}"
 
 
 def target_line(model_name: str, summary: dict) -> str:
@@ -63,7 +74,8 @@ def report(summary: dict) -> None:
         )
         print(
             f"{'arm':<33} {'examples/s':>10} {'step ms':>8} {'step / plain':>12} "
-            f"{'speed / 2 plain':>15} {'1st step s':>10} {'1st / ours 1 device':>19}"
+            f"{'speed / 2 plain':>15} {'1st step s':>10} {'1st / ours 1 device':>19} "
+            f"{'ratio over rounds':>17}"
         )
         for arm, row in model["arms"].items():
             one_process = row["ceiling"] == "plain"
@@ -74,7 +86,8 @@ def report(summary: dict) -> None:
                 f"{_cell(ratio if one_process else None, '.3f', 12)} "
                 f"{_cell(None if one_process else ratio, '.3f', 15)} "
                 f"{row['first_step_s']:>10.2f} "
-                f"{_cell(row['first_step_vs_ours_1_device'], '.2f', 19)}"
+                f"{_cell(row['first_step_vs_ours_1_device'], '.2f', 19)} "
+                f"{round_range(row):>17}"
             )
         print(target_line(model_name, model))
         print(continuity_line(model_name, model))

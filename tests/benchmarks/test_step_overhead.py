@@ -80,6 +80,18 @@ def test_target_line_and_issue_23_line():
     assert "ours 2 workers = 0.784x one process, 1.57x stock 2 workers" in old
 
 
+def test_the_table_shows_each_ratio_over_the_rounds(capsys):
+    # Issue 36: a miss smaller than the rounds' spread is a miss within the noise.
+    model = bench.summarize(_samples())["small_mlp"]
+    assert report.round_range(model["arms"]["ours 2 workers"]) == "0.769-0.800"
+    assert report.round_range(model["arms"]["2 plain processes"]) == ""
+    report.report(bench.summarize(_samples()))
+    lines = capsys.readouterr().out.splitlines()
+    ours = next(line for line in lines if line.startswith("ours 2 workers"))
+    assert ours.endswith("0.769-0.800")
+    assert next(line for line in lines if line.startswith("plain ")).endswith("   ")
+
+
 def test_a_subset_of_arms_gets_the_ceilings(capsys):
     assert bench.with_ceilings(["ours 2 workers"]) == [
         "plain",
