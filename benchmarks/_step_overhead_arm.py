@@ -27,12 +27,14 @@ INPUT_SHAPE = {"mlp": (784,), "small_mlp": (784,), "resnet20": (32, 32, 3)}
 STEADY_AFTER = 10
 NO_COMMUNICATION = "ours 2 workers, no communication"
 BUCKETS_16MB = "ours 2 workers, 16 MB buckets"
+LOCKSTEP = "2 plain processes, in lockstep"
 TWO_PROCESS_ARMS = (
     "ours 2 workers",
     "stock 2 workers",
     "2 plain processes",
     NO_COMMUNICATION,
     BUCKETS_16MB,
+    LOCKSTEP,
 )
 
 
@@ -174,6 +176,46 @@ def ring_seconds(calls: list, ends: list, steady_after: int) -> dict:
     }
 
 
+def lockstep_barrier(address: str, index: int):
+    """A callback that starts each batch on two processes together.
+
+    Process `index` 0 listens on `address` ("host:port"), 1 connects; before
+    every batch each sends one byte and waits for the other's. They share
+    nothing else: two plain `fit`s paced like a synchronous step, without its
+    communication (the arm uses worker 0's `TF_CONFIG` port, which plain
+    processes leave unused).
+    """
+    import socket
+
+    import keras
+
+    host, port = address.rsplit(":", 1)
+    if index == 0:
+        with socket.create_server((host, int(port))) as server:
+            server.settimeout(120)
+            peer, _ = server.accept()
+    else:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                peer = socket.create_connection((host, int(port)), timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    peer.settimeout(120)
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    class Lockstep(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            peer.sendall(b"x")
+            if not peer.recv(1):
+                raise ConnectionError("the other process of the lockstep pair left")
+
+    return Lockstep()
+
+
 def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
     """One process of one arm: trains and prints `RESULT {json}` (worker 0)."""
     import tensorflow as tf
@@ -189,6 +231,7 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
     strategy = {
         "plain": tf.distribute.get_strategy,
         "2 plain processes": tf.distribute.get_strategy,
+        LOCKSTEP: tf.distribute.get_strategy,
         "stock 1 device": lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
         "ours 1 device": lambda: kr.MultiDeviceReplicator(devices=["/cpu:0"]),
         "ours 2 workers": kr.MultiWorkerReplicator,
@@ -206,7 +249,7 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
     # The dataset's batch is the global batch (tf.distribute splits it between
     # workers); two plain processes each train on half of it.
     batch = GLOBAL_BATCH[model_name]
-    batch = batch // 2 if arm == "2 plain processes" else batch
+    batch = batch // 2 if arm in ("2 plain processes", LOCKSTEP) else batch
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch * steps, *INPUT_SHAPE[model_name])).astype("float32")
     y = rng.integers(0, 10, len(x))
@@ -244,9 +287,13 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
             tf.data.experimental.AutoShardPolicy.DATA
         )
         data = data.with_options(options)
-    stamp = DiagnoseStamp() if diagnose else Stamp()
+    callbacks = [DiagnoseStamp() if diagnose else Stamp()]
+    if arm == LOCKSTEP:
+        config = json.loads(os.environ["TF_CONFIG"])
+        address = config["cluster"]["worker"][0]
+        callbacks.insert(0, lockstep_barrier(address, config["task"]["index"]))
     start = time.perf_counter()
-    model.fit(data, epochs=1, verbose=0, callbacks=[stamp])
+    model.fit(data, epochs=1, verbose=0, callbacks=callbacks)
     steady = [b - a for a, b in zip(ends[STEADY_AFTER:], ends[STEADY_AFTER + 1 :])]
     result = {"first_step": ends[0] - start, "step": statistics.median(steady)}
     if diagnose:

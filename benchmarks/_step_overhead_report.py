@@ -14,10 +14,10 @@ def _cell(value, spec: str, width: int) -> str:
     return f"{value:>{width}{spec}}" if value is not None else " " * width
 
 
-def round_range(row: dict) -> str:
-    """`min-max` of a row's per-round ratios to its ceiling; blank for a ceiling."""
+def round_range(arm: str, row: dict) -> str:
+    """`min-max` of `arm`'s per-round ratios to its ceiling; blank for a ceiling."""
     ratios = row.get("ratio_to_ceiling_per_round") or []
-    if not ratios or all(r == 1.0 for r in ratios):  # none, or the ceiling itself
+    if not ratios or row["ceiling"] == arm:
         return ""
     return f"{min(ratios):.3f}-{max(ratios):.3f}"
 
@@ -87,7 +87,7 @@ def report(summary: dict) -> None:
                 f"{_cell(None if one_process else ratio, '.3f', 15)} "
                 f"{row['first_step_s']:>10.2f} "
                 f"{_cell(row['first_step_vs_ours_1_device'], '.2f', 19)} "
-                f"{round_range(row):>17}"
+                f"{round_range(arm, row):>17}"
             )
         print(target_line(model_name, model))
         print(continuity_line(model_name, model))

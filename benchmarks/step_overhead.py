@@ -40,6 +40,11 @@ Arms, at each model's global batch:
   workers` with `kr.AllReduceOptions(bucket_mb=16)`, the default before the
   default followed the executor (one buffer per dtype on a worker with one
   inter-op thread, as here; issue 36).
+* `2 plain processes, in lockstep` (diagnostic, only with `--arms`): the two
+  plain `fit`s of `2 plain processes`, made to start every batch together (one
+  byte each way over 127.0.0.1 before each batch, nothing else shared): a
+  synchronous step with no communication, the ceiling of any synchronous
+  data-parallel trainer on these cores (issue 36).
 
     python benchmarks/step_overhead.py [--rounds 3]
         [--models mlp small_mlp resnet20] [--arms ARM ...] [--diagnose]
@@ -83,6 +88,7 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 from _step_overhead_arm import (
     BUCKETS_16MB,
     GLOBAL_BATCH,
+    LOCKSTEP,
     NO_COMMUNICATION,
     STEADY_AFTER,
     STEPS,
@@ -102,7 +108,7 @@ ARMS = (
     "2 plain processes",
 )
 # only when asked for with --arms
-DIAGNOSTIC_ARMS = (NO_COMMUNICATION, BUCKETS_16MB)
+DIAGNOSTIC_ARMS = (NO_COMMUNICATION, BUCKETS_16MB, LOCKSTEP)
 CEILINGS = ("plain", "2 plain processes")
 # Issue 36's targets: ours 1 device's step / plain's; ours 2 workers' speed / 2
 # plain processes'; ours 2 workers' first step / ours 1 device's.

@@ -83,8 +83,11 @@ def test_target_line_and_issue_23_line():
 def test_the_table_shows_each_ratio_over_the_rounds(capsys):
     # Issue 36: a miss smaller than the rounds' spread is a miss within the noise.
     model = bench.summarize(_samples())["small_mlp"]
-    assert report.round_range(model["arms"]["ours 2 workers"]) == "0.769-0.800"
-    assert report.round_range(model["arms"]["2 plain processes"]) == ""
+    arms = model["arms"]
+    assert report.round_range("ours 2 workers", arms["ours 2 workers"]) == (
+        "0.769-0.800"
+    )
+    assert report.round_range("2 plain processes", arms["2 plain processes"]) == ""
     report.report(bench.summarize(_samples()))
     lines = capsys.readouterr().out.splitlines()
     ours = next(line for line in lines if line.startswith("ours 2 workers"))
@@ -182,3 +185,36 @@ def test_plot_writes_one_panel_per_model(tmp_path):
     summary = {**bench.summarize(_samples()), **bench.summarize(_samples("mlp"))}
     report.plot(summary, str(tmp_path / "so.png"))
     assert (tmp_path / "so.png").stat().st_size > 0
+
+
+def test_the_lockstep_pair_starts_each_batch_together():
+    import socket
+    import threading
+    import time
+
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    begun = {0: [], 1: []}
+    late = 0.3  # process 1 reaches each batch this much later
+
+    def process(index):
+        barrier = arm.lockstep_barrier(address, index)
+        for batch in range(2):
+            if index == 1:
+                time.sleep(late)
+            barrier.on_train_batch_begin(batch)
+            begun[index].append(time.perf_counter())
+
+    threads = [threading.Thread(target=process, args=(i,)) for i in (0, 1)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    # Process 0 waited for 1 at each batch: it began no earlier than 1 arrived.
+    assert begun[0][0] - start >= late
+    assert begun[0][1] - start >= 2 * late
+    for a, b in zip(begun[0], begun[1]):
+        assert abs(a - b) < late / 2
