@@ -188,13 +188,12 @@ def test_plot_writes_one_panel_per_model(tmp_path):
 
 
 def test_the_lockstep_pair_starts_each_batch_together():
-    import socket
     import threading
     import time
 
-    with socket.socket() as probe:  # a free loopback port
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    from keras_replicator.launch import free_ports
+
+    address = f"127.0.0.1:{free_ports(1)[0]}"
     begun = {0: [], 1: []}
     late = 0.3  # process 1 reaches each batch this much later
 
