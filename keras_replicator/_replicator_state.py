@@ -76,6 +76,9 @@ class ReplicatorState:
             synchronous Replicator, so Keras' steps are not rerouted).
         partitioner: A parameter-server strategy's `variable_partitioner`.
         resolver: A parameter-server strategy's cluster resolver.
+        platform: `"CPU"`, `"GPU"` or `"TPU"`: what the replicas run on, set by
+            the constructor where the devices are known (`keras_replicator.
+            _platform`), or None (read from the strategy's devices).
         hierarchy: The hierarchical all-reduce's counters and ordering tokens
             (`communication/_hierarchy`), made on first use.
         step_functions: Compiled `run_steps` loops, by their arguments.
@@ -94,6 +97,7 @@ class ReplicatorState:
     is_parameter_server: bool = False
     partitioner: Any = None
     resolver: Any = None
+    platform: str | None = None
     hierarchy: Any = None
     step_functions: dict = dataclasses.field(default_factory=dict)
     sample_counts: dict = dataclasses.field(default_factory=dict)

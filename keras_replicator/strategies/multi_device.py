@@ -6,7 +6,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from keras_replicator import _compat
+from keras_replicator import _compat, _platform
 from keras_replicator.communication import options as _options
 from keras_replicator.strategies import _devices
 from keras_replicator.strategies._replicator import ReplicatorMixin
@@ -69,5 +69,6 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
             )
         state = self._register_state()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+        state.platform = _platform.platform_of_devices(self.extended.worker_devices)
         state.options = dataclasses.replace(options, transport="collective")
         state.is_multi_worker = _compat.in_multi_worker_mode(self)

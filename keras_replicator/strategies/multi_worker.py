@@ -7,7 +7,7 @@ import os
 
 import tensorflow as tf
 
-from keras_replicator import _compat, _tf_config
+from keras_replicator import _compat, _platform, _tf_config
 from keras_replicator.communication import options as _options
 from keras_replicator.communication.ring import _socket_ring
 from keras_replicator.strategies import _leave_together
@@ -102,6 +102,7 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             communication_options=communication_options,
         )
         state.collective_timeout = collective_timeout
+        state.platform = _platform.platform_of_devices(self.extended.worker_devices)
         state.is_multi_worker = _compat.in_multi_worker_mode(self)
         if state.is_multi_worker:
             _leave_together.register(collective_timeout)

@@ -7,6 +7,7 @@ import os
 
 import tensorflow as tf
 
+from keras_replicator import _platform
 from keras_replicator.communication import options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
@@ -106,6 +107,7 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
             tpu_cluster_resolver=resolver,
             experimental_device_assignment=experimental_device_assignment,
         )
+        state.platform = _platform.TPU
         state.options = dataclasses.replace(options, transport="collective")
         # A pod's hosts are one program to Keras' steps: no cross-worker logs.
         state.is_multi_worker = False
