@@ -15,14 +15,75 @@ fp16 gradients); the price is precision, and for float16 also range.
   gradient of the bucket flush to zero. Powers of two make the scaling exact.
 
 Decoding casts back to the gradient's own dtype and divides by ``s``.
+
+Not every platform sums every wire type (`check_wire_format`), and a wire type
+is refused rather than silently replaced, because the two formats promise
+different things (range versus precision):
+
+* **GPUs**: the collectives run on NCCL, and TensorFlow's NCCL wrapper sums
+  half / float / double / int32 / int64 only (`_platform.NCCL_DTYPES`), so a
+  bfloat16 bucket fails at the first step. No other NCCL type has bfloat16's
+  range (float32 does, at twice the bytes, i.e. no compression), so ``"bf16"``
+  is refused where the platform is known: use ``"fp16"``, whose scaling keeps
+  every sum in range.
+* **TPUs**: bfloat16 is the chip's own 16-bit type; float16 is emulated, so
+  ``"fp16"`` is refused: use ``"bf16"``.
+* **CPUs**: both (TensorFlow's ring sums any float type).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_replicator import _platform
+
 WIRE_DTYPES = {"fp16": tf.float16, "bf16": tf.bfloat16}
+# What to use instead of a wire format a platform cannot sum, and why.
+_REFUSED = {
+    ("bf16", _platform.GPU): (
+        "GPU collectives run on NCCL, whose TensorFlow wrapper sums float16, "
+        "float32, float64, int32 and int64 only, not bfloat16",
+        "Use compression='fp16' (16 bits, scaled so that no sum overflows) or "
+        "compression=None",
+    ),
+    ("fp16", _platform.TPU): (
+        "float16 is not a TPU type (the chip computes in bfloat16 and float32)",
+        "Use compression='bf16' (the TPU's own 16-bit type, float32's range) or "
+        "compression=None",
+    ),
+}
 _FP16_TARGET = 2.0**15  # below float16's max (65504), a power of two
+
+
+def check_wire_format(compression, platform: str) -> None:
+    """Refuses a wire format that `platform`'s collectives cannot sum.
+
+    Call it where the platform is known: a strategy's constructor, or the
+    first trace of the all-reduce on a stock strategy.
+
+    Args:
+        compression: `AllReduceOptions.compression`: `None`, `"fp16"` or
+            `"bf16"`.
+        platform: `"CPU"`, `"GPU"` or `"TPU"` (`_platform.platform_of`).
+
+    Raises:
+        ValueError: `"bf16"` on GPUs, `"fp16"` on TPUs, naming the replacement.
+
+    Example:
+    >>> check_wire_format("fp16", "GPU")
+    >>> check_wire_format("bf16", "GPU")
+    Traceback (most recent call last):
+    ...
+    ValueError: `compression='bf16'` cannot travel on GPU replicas: GPU ...
+    """
+    refused = _REFUSED.get((compression, platform))
+    if refused is None:
+        return
+    why, remedy = refused
+    raise ValueError(
+        f"`compression={compression!r}` cannot travel on {platform} replicas: "
+        f"{why}. Received: compression={compression!r} on {platform}. {remedy}."
+    )
 
 
 def compresses(compression, dtype) -> bool:

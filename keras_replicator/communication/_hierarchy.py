@@ -37,11 +37,28 @@ safe to call from a replica:
   TensorFlow's automatic control dependencies order the collectives *per
   device* (without a token it chains every collective of every replica into one
   sequence, and replica 0's first collective waits forever for replica 1's).
-* **Ranks.** A group ranks its members by task, then device; row position
-  ``c`` of every row has the same rank (same device suffix on every worker, or
-  consecutive devices of one machine), which is what pairs slice ``c`` of
-  reduce-scatter, column all-reduce and all-gather. The buffer is padded to a
+* **NCCL on GPUs.** A collective placed on a GPU carries
+  ``communication_hint="nccl"`` (`_platform.collective_hint`): TensorFlow runs
+  NCCL only when asked (``"auto"`` gives a GPU collective the RING
+  implementation, and reduce-scatter no implementation at all:
+  `collective_param_resolver_local.cc`, ``AssignCollectiveType``). Elsewhere
+  ``"auto"``: TensorFlow's ring.
+* **Ranks.** A group ranks its members by task, then device (GPUs of one
+  host possibly in the order of their interconnect, ``OrderTaskDeviceMap``,
+  the same on identical hosts); row position ``c`` of every row has the same
+  rank (same device suffix on every worker, or consecutive devices of one
+  machine), which is what pairs slice ``c`` of reduce-scatter, column
+  all-reduce and all-gather. The buffer is padded to a
   multiple of ``k`` for the scatter.
+
+`reduce_scatter_over_replicas` is the same machinery on a grid of one row
+(every replica): weight-update sharding's reduce-scatter on GPUs, where NCCL
+moves ``1/N`` of the buffer to each replica instead of an all-reduce's bytes.
+There the rank matters (replica ``r`` must keep row ``r``, the piece it
+updates), and TensorFlow may rank a host's GPUs along their interconnect, not
+by device number (``OrderTaskDeviceMap``); so the group first gathers its
+members' replica ids in rank order (a few bytes) and each replica permutes its
+rows to match.
 
 Degenerate grids need no special case beyond skipping groups of one: with one
 worker and the default rows, ``"local_then_global"`` and ``"2d"`` are a single
@@ -68,6 +85,7 @@ import weakref
 
 import tensorflow as tf
 
+from keras_replicator import _platform
 from keras_replicator._replicator_state import replicator_state
 
 # Offset of our group keys from the strategy's collective key base; the stock
@@ -75,6 +93,9 @@ from keras_replicator._replicator_state import replicator_state
 # 100,000).
 _GROUP_KEY_OFFSET = 60_000
 _COLUMN_KEY_OFFSET = 20_000
+# The one-row grid of `reduce_scatter_over_replicas`: a group of its own (the
+# same devices as a hierarchy's row, but not the same group size).
+_FLAT_KEY_OFFSET = 30_000
 _STATE_LOCK = threading.Lock()
 # Counters of strategies with no `ReplicatorState` (a stock MirroredStrategy
 # passed hierarchical options directly); ours keep theirs in their state.
@@ -155,6 +176,36 @@ def sum_over_replicas(value, hierarchy: str, group_size: int | None, timeout=Non
     return total
 
 
+def reduce_scatter_over_replicas(matrix, timeout=None):
+    """Row `r` of an `[N, C]` matrix summed over the `N` replicas, on replica `r`.
+
+    One NCCL reduce-scatter over every replica; for GPU replicas (TensorFlow
+    has no CPU kernel for it). Call in a replica context.
+
+    Args:
+        matrix: This replica's `[N, C]` matrix, `N` the replicas in sync.
+        timeout: Seconds a collective waits for its peers (`None`: forever).
+
+    Returns:
+        This replica's `[C]` row of the sum.
+    """
+    context = tf.distribute.get_replica_context()
+    strategy = tf.distribute.get_strategy()
+    replicas = context.num_replicas_in_sync
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is None:  # pragma: no cover - every strategy we support is static
+        raise RuntimeError("A reduce-scatter needs a static replica id.")
+    position = Grid(1, replicas, 0, int(replica))
+    ops = _Collectives(strategy, position, timeout, key_offset=_FLAT_KEY_OFFSET)
+    # The group's rank k delivers position k of the buffer; put replica s's row
+    # where replica s's rank is (exact: small integers in float32).
+    ids = ops.row_all_gather(tf.constant([float(replica)], tf.float32))
+    rows = tf.gather(matrix, tf.cast(ids, tf.int32))
+    row = ops.row_reduce_scatter(tf.reshape(rows, [-1]))
+    row.set_shape([matrix.shape[1]])
+    return row
+
+
 def _local_then_global(value, position: Grid, ops):
     total = ops.row_all_reduce(value)
     if position.rows == 1:
@@ -176,7 +227,7 @@ def _two_d(value, position: Grid, ops):
 class _Collectives:
     """One replica's native collectives along its row and its column."""
 
-    def __init__(self, strategy, position: Grid, timeout):
+    def __init__(self, strategy, position: Grid, timeout, key_offset: int = 0):
         self._state = _state_of(strategy)
         self._position = position
         self._timeout = 0.0 if timeout is None else float(timeout)
@@ -185,8 +236,9 @@ class _Collectives:
         self._device = local[
             (position.row * position.row_size + position.column) % len(local)
         ]
+        self._platform = _platform.device_platform(self._device)
         base = getattr(strategy, "_collective_key_base", 0) + _GROUP_KEY_OFFSET
-        self._row_key = base + position.row
+        self._row_key = base + key_offset + position.row
         self._column_key = base + _COLUMN_KEY_OFFSET + position.column
 
     def _common(self, key):
@@ -195,6 +247,7 @@ class _Collectives:
             instance_key=self._state.next_instance_key(self._position, key),
             ordering_token=[self._state.token(self._device)],
             timeout_seconds=self._timeout,
+            communication_hint=_platform.collective_hint(self._platform),
         )
 
     def row_all_reduce(self, x):
@@ -224,7 +277,7 @@ class _Collectives:
         k = self._position.row_size
         if k == 1:
             return x
-        if "GPU" not in self._device.upper():
+        if self._platform != _platform.GPU:
             # TensorFlow registers reduce-scatter for NCCL only ("did not find
             # collective implementation" on CPU): sum the row, keep our slice.
             total = self.row_all_reduce(x)
@@ -262,6 +315,7 @@ class _State:
     def __init__(self):
         self._counters: dict = {}
         self._tokens: dict = {}
+        self._per_graph: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def next_instance_key(self, position: Grid, group_key: int) -> int:
         # Per replica and group: the members of a group issue the same sequence
@@ -271,14 +325,24 @@ class _State:
         return next(counter)
 
     def token(self, device: str):
-        if device not in self._tokens:
-            # An eager resource handle: captured once per function graph, so all
-            # of one device's collectives in a graph share it.
-            with tf.init_scope(), tf.device(device):
-                self._tokens[device] = tf.raw_ops.VarHandleOp(
-                    dtype=tf.float32, shape=[], shared_name=f"kr_hierarchy_{device}"
-                )
-        return self._tokens[device]
+        with tf.init_scope():
+            # Eagerly (a `tf.function` step) one handle per device for good; a
+            # step built in a plain `tf.Graph` (graph inspection) needs its own.
+            graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+            tokens = self._tokens if graph is None else self._graph_tokens(graph)
+            if device not in tokens:
+                # An eager resource handle: captured once per function graph, so
+                # all of one device's collectives in a graph share it.
+                with tf.device(device):
+                    tokens[device] = tf.raw_ops.VarHandleOp(
+                        dtype=tf.float32,
+                        shape=[],
+                        shared_name=f"kr_hierarchy_{device}",
+                    )
+        return tokens[device]
+
+    def _graph_tokens(self, graph) -> dict:
+        return self._per_graph.setdefault(graph, {})
 
 
 def _state_of(strategy) -> _State:

@@ -14,7 +14,14 @@ between its two phases (`divides`), and its reduce-scatter and all-gather are it
 own phases (`scatters`: each moves `1/N` of an all-reduce's bytes); the sample
 counts ride in a bucket's own call (`all_reduce_counted`). The
 `CollectiveTransport` is TensorFlow's collectives (or `_hierarchy`'s sub-group
-sums): one flat buffer per call; its reduce-scatter is an all-reduce and a slice.
+sums): one flat buffer per call. Its reduce-scatter is NCCL's on GPU replicas
+(`_hierarchy.reduce_scatter_over_replicas`: `1/N` of the bytes to each replica),
+and an all-reduce and a slice elsewhere (TensorFlow has no CPU reduce-scatter) or
+under a `hierarchy` (whose sums already cross the grid).
+
+`transport_for` is also where a stock strategy's wire format meets its platform
+for the first time (`_compression.check_wire_format`, at trace time; our
+strategies check in their constructors).
 
 What travels (buckets, 16-bit wire formats, the exact sample counts) is decided
 above, by `_all_reduce` for the gradient all-reduce and by `sharding/` for the
@@ -29,8 +36,9 @@ from typing import Protocol
 
 import tensorflow as tf
 
+from keras_replicator import _platform
 from keras_replicator._replicator_state import replicator_state
-from keras_replicator.communication import _hierarchy
+from keras_replicator.communication import _compression, _hierarchy
 from keras_replicator.communication.options import AllReduceOptions
 
 # Per graph, the output of its last socket-ring call: the next one waits for it,
@@ -70,9 +78,12 @@ def transport_for(strategy, options: AllReduceOptions, context=None) -> Transpor
     """The transport `options` ask for on `strategy` (call in a replica context).
 
     Raises:
-        ValueError: `transport='socket'` on a strategy that opened no ring.
+        ValueError: `transport='socket'` on a strategy that opened no ring, or
+            a `compression` the strategy's platform cannot sum.
     """
     context = context or tf.distribute.get_replica_context()
+    platform = _platform.platform_of(strategy)
+    _compression.check_wire_format(options.compression, platform)
     state = replicator_state(strategy)
     if options.transport == "socket":
         ring = None if state is None else state.transport
@@ -85,7 +96,7 @@ def transport_for(strategy, options: AllReduceOptions, context=None) -> Transpor
             )
         return SocketTransport(ring, context)
     timeout = None if state is None else state.collective_timeout
-    return CollectiveTransport(context, options, timeout)
+    return CollectiveTransport(context, options, timeout, platform)
 
 
 class SocketTransport:
@@ -168,8 +179,15 @@ class CollectiveTransport:
     scatters = False
     overlaps = True  # collectives run on their own threads, not the executor's
 
-    def __init__(self, context, options: AllReduceOptions, timeout=None):
+    def __init__(
+        self,
+        context,
+        options: AllReduceOptions,
+        timeout=None,
+        platform: str = _platform.CPU,
+    ):
         self._context = context
+        self._platform = platform
         self._hierarchy = options.hierarchy
         self._group_size = options.group_size
         self._timeout = timeout
@@ -187,7 +205,13 @@ class CollectiveTransport:
         return [self._sum(value) for value in values]
 
     def reduce_scatter(self, matrix) -> tf.Tensor:
-        """An all-reduce and this replica's row: correct, no saving of bytes."""
+        """This replica's row of the sum: NCCL's reduce-scatter on GPUs.
+
+        Elsewhere, or under a hierarchy, an all-reduce and this replica's row:
+        correct, no saving of bytes.
+        """
+        if self._hierarchy is None and _platform.runs_nccl(self._platform):
+            return _hierarchy.reduce_scatter_over_replicas(matrix, self._timeout)
         summed = self._sum(tf.reshape(matrix, [-1]))
         replica = self._context.replica_id_in_sync_group
         return tf.gather(tf.reshape(summed, matrix.shape), replica)

@@ -87,8 +87,10 @@ class AllReduceOptions:
             replicated weights. The update's compute and the optimizer state's
             memory are divided by the number of replicas. Over the socket ring
             the update runs between the ring's two phases, and the same bytes
-            travel as for an all-reduce; over the collectives each bucket is
-            all-reduced and sliced, then all-gathered (one collective more).
+            travel as for an all-reduce; over GPU collectives each bucket is
+            reduce-scattered by NCCL, then all-gathered (the same bytes); over
+            CPU collectives it is all-reduced and sliced, then all-gathered
+            (one collective more).
             Element-wise Keras optimizers (SGD, Adam, AdamW, RMSprop, Adagrad,
             Lion, ...) shard as they are; `kr.optimizers.LARS` and Keras' `Lamb`
             add one small all-reduce of per-variable sums of squares; others

@@ -7,6 +7,7 @@ import dataclasses
 import tensorflow as tf
 
 from keras_replicator import _compat, _platform
+from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
 from keras_replicator.strategies import _devices
 from keras_replicator.strategies._replicator import ReplicatorMixin
@@ -33,12 +34,14 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
             `None`: all local GPUs, or the current number of logical CPUs.
         all_reduce: A `kr.AllReduceOptions` for the gradient all-reduce (buckets,
             wire compression, weight-update sharding: here each bucket is
-            all-reduced and sliced, then all-gathered). Defaults to `None`:
-            `kr.AllReduceOptions()`.
+            reduce-scattered (NCCL's on GPUs; on CPUs all-reduced and sliced),
+            then all-gathered). Defaults to `None`: `kr.AllReduceOptions()`.
+            On GPUs TensorFlow's collectives here are NCCL's (its default for
+            physical GPUs), so `compression="bf16"` is refused: use `"fp16"`.
 
     Raises:
-        ValueError: If `num_replicas` devices cannot be made or `devices` and
-            `num_replicas` disagree.
+        ValueError: If `num_replicas` devices cannot be made, `devices` and
+            `num_replicas` disagree, or the devices cannot sum the wire format.
 
     Example:
     >>> import keras, keras_replicator as kr
@@ -67,6 +70,10 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
                 f"given. Received: num_replicas={num_replicas}, devices={devices}. "
                 "Pass only one of them."
             )
+        platform = _platform.platform_of_devices(
+            [getattr(d, "name", d) for d in devices]  # strings or LogicalDevices
+        )
+        _compression.check_wire_format(options.compression, platform)
         state = self._register_state()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
         state.platform = _platform.platform_of_devices(self.extended.worker_devices)

@@ -1,4 +1,31 @@
-"""`MultiWorkerReplicator`: synchronous replicas across worker processes or machines."""
+"""`MultiWorkerReplicator`: synchronous replicas across worker processes or machines.
+
+Two choices differ by the workers' platform (`communication_options_for`):
+
+* **Implementation.** TensorFlow's `CommunicationOptions()` is AUTO, which on
+  GPU workers runs its RING collectives, not NCCL (NCCL only when hinted:
+  `collective_param_resolver_local.cc`, ``AssignCollectiveType``). On GPU
+  workers we ask for NCCL unless the user named an implementation.
+* **Timeout.** A per-collective timeout is documented by TensorFlow as a
+  debugging aid that costs a thread per collective (`collective_util.py`,
+  ``timeout_seconds``), and a first GPU step (XLA compilation, cuDNN autotuning,
+  NCCL setup) can outlast 60 s. A dead peer does not need it: every
+  `MultiWorkerMirroredStrategy` starts TensorFlow's coordination service
+  (collective_all_reduce_strategy.py, ``_initialize_multi_worker``:
+  ``configure_coordination_service``), whose heartbeats abort every pending
+  collective of the survivors with UNAVAILABLE when a worker stops (the
+  Python ``_check_health`` thread is switched off for it: "use its internal
+  heartbeat to detect peer failures"; the abort reaches NCCL through
+  ``NcclManager::StartAbort``). So on GPU workers no per-collective timeout is
+  set unless asked for (`collective_timeout=` or
+  ``KERAS_REPLICATOR_COLLECTIVE_TIMEOUT``); a *hung* peer that still sends
+  heartbeats then waits, where on CPU workers it is an error after 60 s, as
+  before.
+
+The platform is known before TensorFlow picks the local devices, the way it
+picks them (`local_platform`), so both choices go into the parent's
+constructor.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +35,7 @@ import os
 import tensorflow as tf
 
 from keras_replicator import _compat, _platform, _tf_config
+from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
 from keras_replicator.communication.ring import _socket_ring
 from keras_replicator.strategies import _leave_together
@@ -16,10 +44,11 @@ from keras_replicator.strategies._replicator import ReplicatorMixin
 DEFAULT_COLLECTIVE_TIMEOUT = 60.0
 
 
-def _default_timeout() -> float:
+def _asked_timeout() -> float | None:
+    """`KERAS_REPLICATOR_COLLECTIVE_TIMEOUT`, or None if unset."""
     raw = os.environ.get("KERAS_REPLICATOR_COLLECTIVE_TIMEOUT")
     if raw is None:
-        return DEFAULT_COLLECTIVE_TIMEOUT
+        return None
     try:
         return float(raw)
     except ValueError:
@@ -29,14 +58,93 @@ def _default_timeout() -> float:
         ) from None
 
 
+def collective_timeout_for(collective_timeout, platform: str) -> float | None:
+    """Seconds each collective may wait: as asked, else 60 (none on GPUs).
+
+    Args:
+        collective_timeout: The timeout the user asked for (argument or
+            environment), or `None`.
+        platform: The workers' platform (`_platform.CPU` / `GPU` / `TPU`).
+
+    Returns:
+        The per-collective timeout, or `None` for none.
+
+    Example:
+    >>> collective_timeout_for(None, "CPU"), collective_timeout_for(None, "GPU")
+    (60.0, None)
+    """
+    if collective_timeout is not None:
+        return float(collective_timeout)
+    return None if _platform.runs_nccl(platform) else DEFAULT_COLLECTIVE_TIMEOUT
+
+
+def communication_options_for(user_options, collective_timeout, platform: str):
+    """The `CommunicationOptions` a `MultiWorkerReplicator` builds its parent with.
+
+    NCCL on GPU workers unless `user_options` names an implementation; the
+    user's timeout if set, else `collective_timeout_for`. See the module
+    docstring for why.
+
+    Args:
+        user_options: The user's `tf.distribute.experimental.CommunicationOptions`,
+            or `None`.
+        collective_timeout: The timeout the user asked for, or `None`.
+        platform: The workers' platform (`local_platform`).
+
+    Returns:
+        A `tf.distribute.experimental.CommunicationOptions`.
+
+    Example:
+    >>> options = communication_options_for(None, None, "GPU")
+    >>> options.implementation.value, options.timeout_seconds
+    ('NCCL', None)
+    """
+    implementations = tf.distribute.experimental.CommunicationImplementation
+    user = user_options or tf.distribute.experimental.CommunicationOptions()
+    implementation = user.implementation
+    if implementation == implementations.AUTO and _platform.runs_nccl(platform):
+        implementation = implementations.NCCL
+    timeout = user.timeout_seconds
+    if timeout is None:
+        timeout = collective_timeout_for(collective_timeout, platform)
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=user.bytes_per_pack,
+        timeout_seconds=timeout,
+        implementation=implementation,
+    )
+
+
+def local_platform(cluster_resolver) -> str:
+    """The platform of this worker's replicas, as the parent will pick them.
+
+    `CollectiveAllReduceExtended._initialize_local_devices`: GPUs if any (the
+    visible GPUs for a `TF_CONFIG` resolver, else the resolver's
+    `num_accelerators()`), then TPUs, else the CPU.
+    """
+    if cluster_resolver is None or isinstance(
+        cluster_resolver, tf.distribute.cluster_resolver.TFConfigClusterResolver
+    ):
+        # Visible GPUs, not logical ones: listing those would start the
+        # runtime, and the parent must configure collectives before it starts.
+        if tf.config.get_visible_devices("GPU"):
+            return _platform.GPU
+        return _platform.CPU
+    accelerators = cluster_resolver.num_accelerators()
+    for platform in (_platform.GPU, _platform.TPU):
+        if accelerators.get(platform, 0):
+            return platform
+    return _platform.CPU
+
+
 class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredStrategy):
     """Synchronous data parallelism across worker processes (one or more machines).
 
     A `tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 `fit`,
     `evaluate` and `predict` work (stock Keras 3 fails on it:
     keras-team/keras#20585) and give one-device numerics at the same global batch.
-    Every collective has a timeout, so a dead or hung peer becomes an error on the
-    survivors instead of a hang.
+    A dead peer becomes an error on the survivors instead of a hang; on CPU
+    workers every collective also has a timeout, so a hung peer does too. On
+    GPU workers the collectives are NCCL's (module docstring).
 
     Like its parent it reads the cluster from `TF_CONFIG` (validated first, with
     errors naming the malformed field) or takes a cluster resolver, e.g.
@@ -47,11 +155,14 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
         cluster_resolver: A `tf.distribute.cluster_resolver.ClusterResolver`.
             Defaults to `None`: read `TF_CONFIG`.
         communication_options: A `tf.distribute.experimental.CommunicationOptions`.
-            Defaults to `None`: TensorFlow's choice of implementation, with
-            `timeout_seconds=collective_timeout`.
+            Defaults to `None`: NCCL on GPU workers, TensorFlow's choice
+            elsewhere, with `timeout_seconds=collective_timeout`; an
+            implementation or timeout given here is kept.
         collective_timeout: Seconds a collective may wait for its peers before it
             fails. Defaults to `None`: `KERAS_REPLICATOR_COLLECTIVE_TIMEOUT` if set,
-            else 60.
+            else 60 on CPU workers and none on GPU workers (TensorFlow starts a
+            thread per collective for it; a dead peer still aborts the
+            collectives through the coordination service's heartbeats).
         all_reduce: A `kr.AllReduceOptions` for the gradient all-reduce (buckets,
             wire compression, transport). Its buckets replace
             `communication_options`' `bytes_per_pack` for gradients; the other
@@ -82,30 +193,37 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
         if cluster_resolver is None:
             _tf_config.read_tf_config()
         if collective_timeout is None:
-            collective_timeout = _default_timeout()
-        if not collective_timeout > 0:
+            collective_timeout = _asked_timeout()
+        if collective_timeout is not None and not collective_timeout > 0:
             raise ValueError(
                 "`collective_timeout` must be a positive number of seconds. "
                 f"Received: collective_timeout={collective_timeout!r}."
             )
-        if communication_options is None:
-            communication_options = tf.distribute.experimental.CommunicationOptions()
-        if communication_options.timeout_seconds is None:
-            communication_options = tf.distribute.experimental.CommunicationOptions(
-                bytes_per_pack=communication_options.bytes_per_pack,
-                timeout_seconds=collective_timeout,
-                implementation=communication_options.implementation,
+        platform = local_platform(cluster_resolver)
+        _compression.check_wire_format(options.compression, platform)
+        if options.transport == "socket" and platform != _platform.CPU:
+            raise ValueError(
+                "`transport='socket'` is the ring between CPU workers: on "
+                f"{platform} workers every bucket would go device -> host -> "
+                "device inside the step. Received: transport='socket' on "
+                f"{platform} workers. Use transport=None or 'collective' (NCCL)."
             )
+        timeout = collective_timeout_for(collective_timeout, platform)
         state = self._register_state()
         super().__init__(
             cluster_resolver=cluster_resolver,
-            communication_options=communication_options,
+            communication_options=communication_options_for(
+                communication_options, collective_timeout, platform
+            ),
         )
-        state.collective_timeout = collective_timeout
+        state.collective_timeout = timeout
         state.platform = _platform.platform_of_devices(self.extended.worker_devices)
         state.is_multi_worker = _compat.in_multi_worker_mode(self)
+        # The exit barrier and the ring (CPU workers only) need a bound even
+        # where collectives have none.
+        bound = DEFAULT_COLLECTIVE_TIMEOUT if timeout is None else timeout
         if state.is_multi_worker:
-            _leave_together.register(collective_timeout)
+            _leave_together.register(bound)
         ring, bucket = None, int(options.resolved_bucket_mb() * 1e6)
         grid = True if options.hierarchy is not None else None  # else the default
         if options.transport == "socket":
@@ -116,12 +234,12 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                     "devices. Use transport='collective' on multi-GPU workers."
                 )
             ring = _socket_ring.SocketRing.connect(
-                self, timeout=collective_timeout, bucket_bytes=bucket, grid=grid
+                self, timeout=bound, bucket_bytes=bucket, grid=grid
             )
         elif options.transport is None and _ring_fits(self, options):
             ring = _socket_ring.SocketRing.connect(
                 self,
-                timeout=collective_timeout,
+                timeout=bound,
                 required=False,
                 bucket_bytes=bucket,
                 grid=grid,

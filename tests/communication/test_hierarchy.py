@@ -110,6 +110,28 @@ def test_sum_over_replicas_is_the_sum_on_every_replica(hierarchy, group_size):
         np.testing.assert_array_equal(value.numpy(), expected)
 
 
+def test_reduce_scatter_over_replicas_leaves_row_r_of_the_sum_on_replica_r():
+    # On CPUs the scatter itself is the all-reduce-and-slice fallback (no CPU
+    # kernel), so this runs the rest: keys, tokens, the gather of replica ids
+    # in rank order and the permutation of rows (the GPU graph is checked in
+    # tests/strategies/test_gpu_paths.py).
+    strategy = kr.MultiDeviceReplicator(num_replicas=4)
+
+    @tf.function
+    def step():
+        def replica_fn():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            matrix = tf.reshape(tf.range(12, dtype=tf.float32), [4, 3])
+            matrix = matrix * tf.cast(r + 1, tf.float32)
+            return _hierarchy.reduce_scatter_over_replicas(matrix, timeout=60)
+
+        return strategy.run(replica_fn)
+
+    expected = np.arange(12).reshape(4, 3) * sum(r + 1 for r in range(4))
+    for r, value in enumerate(strategy.experimental_local_results(step())):
+        np.testing.assert_array_equal(value.numpy(), expected[r])
+
+
 def test_group_size_that_is_not_a_grid_fails_at_the_first_step():
     options = kr.AllReduceOptions(hierarchy="2d", group_size=3)
     strategy = kr.MultiDeviceReplicator(num_replicas=4, all_reduce=options)
