@@ -16,7 +16,11 @@ import sys
 
 from keras_replicator.launch import LaunchOptions
 from keras_replicator.launch._launcher import launch_with_options
-from keras_replicator.launch._options import CLUSTER_MODES, parse_ports
+from keras_replicator.launch._options import (
+    CLUSTER_MODES,
+    parse_gpus_per_worker,
+    parse_ports,
+)
 from keras_replicator.launch._output import note
 from keras_replicator.launch._signals import StopSignal, stop_on_signals
 
@@ -125,9 +129,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="seconds between two runs of --discover (default 5)",
     )
     parser.add_argument(
+        "--gpus-per-worker",
+        default=None,
+        metavar="K",
+        help="GPUs each local worker sees through its own CUDA_VISIBLE_DEVICES "
+        "(0: none, 'all': every GPU, unpinned); default: the visible GPUs "
+        "(CUDA_VISIBLE_DEVICES, else nvidia-smi) split evenly",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="print each worker's TF_CONFIG and start nothing",
+        help="print each worker's TF_CONFIG (and CUDA_VISIBLE_DEVICES) and "
+        "start nothing",
     )
     parser.add_argument("program", nargs=argparse.REMAINDER)
     parser.set_defaults(command=run)
@@ -161,6 +174,7 @@ def run(args) -> int:
             min_workers=args.min_workers,
             discover=args.discover,
             discover_seconds=args.discover_seconds,
+            gpus_per_worker=parse_gpus_per_worker(args.gpus_per_worker),
         )
     except (TypeError, ValueError) as error:
         _say(f"error: {error}")

@@ -22,6 +22,10 @@ With `data_service_workers=N` (local mode), the plan also holds a tf.data servic
 dispatcher and N service workers (`keras_replicator/data/_service_main.py`), on
 free ports chosen like the workers' and on `127.0.0.1` only, and every worker
 gets the dispatcher's address as `KERAS_REPLICATOR_DATA_SERVICE`.
+
+Local workers are pinned to their GPUs (`CUDA_VISIBLE_DEVICES` per worker, see
+`_gpus.py`); the GPUs are looked up once per launch and the plan keeps them, so a
+restarted or resized group is split again for its own size.
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ from keras_replicator._tf_config import (
     num_tasks,
     parse_tf_config,
     validate_tf_config,
+)
+from keras_replicator.launch._gpus import (
+    ALL,
+    VisibleGpus,
+    pin_specs,
+    shown,
+    visible_gpus,
 )
 from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions, is_loopback
 from keras_replicator.launch._ports import free_ports, port_in_use
@@ -63,6 +74,9 @@ class ClusterPlan:
     all_configs: tuple[dict, ...]
     this_task: int | None = None  # position in `all_configs` run here (cluster modes)
     services: tuple[WorkerSpec, ...] = ()  # tf.data service tasks, started first
+    gpus: VisibleGpus | None = None  # local mode: the GPUs found, kept for restarts
+    gpu_summary: str = ""
+    gpu_note: str = ""
 
     def describe(self, command) -> str:
         """The dry-run text: the command and one TF_CONFIG line per worker."""
@@ -70,15 +84,22 @@ class ClusterPlan:
             f"mode: {self.mode}",
             "command: " + " ".join(command),
         ]
+        if self.gpu_summary:
+            lines.append(self.gpu_summary)
+        if self.gpu_note:
+            lines.append(f"note: {self.gpu_note}")
+        local = len(self.specs) == len(self.all_configs)
         for position, config in enumerate(self.all_configs):
             task = config["task"]
             mark = "  <- this process" if position == self.this_task else ""
+            env = self.specs[position].env if local else {}
             lines.append(
                 f"[{task['type']} {task['index']}] "
-                f"TF_CONFIG={json.dumps(config, sort_keys=True)}{mark}"
+                f"TF_CONFIG={json.dumps(config, sort_keys=True)}{shown(env)}{mark}"
             )
         for spec in self.services:
-            lines.append(f"{spec.prefix.strip()} " + " ".join(spec.command or ()))
+            command_line = " ".join(spec.command or ())
+            lines.append(f"{spec.prefix.strip()} {command_line}{shown(spec.env)}")
         if self.services:
             address = self.specs[0].env.get(DATA_SERVICE_ENV)
             lines.append(f"every worker: {DATA_SERVICE_ENV}={address}")
@@ -117,13 +138,22 @@ def choose_mode(options: LaunchOptions, environ: Mapping[str, str]) -> str:
 
 
 def plan_cluster(
-    options: LaunchOptions, environ: Mapping[str, str] | None = None
+    options: LaunchOptions,
+    environ: Mapping[str, str] | None = None,
+    gpus: VisibleGpus | None = None,
 ) -> ClusterPlan:
-    """Decides which workers to start; fresh free ports on each call (local mode)."""
+    """Decides which workers to start; fresh free ports on each call (local mode).
+
+    `gpus` are the GPUs an earlier plan of this launch found (`plan.gpus`);
+    `None` looks them up (`CUDA_VISIBLE_DEVICES`, else `nvidia-smi`).
+    """
     environ = os.environ if environ is None else environ
     mode = choose_mode(options, environ)
     if mode == "local":
-        return _plan_local(options)
+        if gpus is None:
+            gpus = _find_gpus(options, environ)
+        plan = (_plan_local_ps if options.num_ps else _plan_local)(options)
+        return _pin_gpus(plan, options, environ, gpus)
     if mode == "tf-config":
         raw = environ.get("TF_CONFIG", "").strip()
         if not raw:
@@ -139,9 +169,34 @@ def plan_cluster(
     return _plan_task(mode, config, json.dumps(config), options, env)
 
 
+def _find_gpus(options: LaunchOptions, environ) -> VisibleGpus:
+    if options.gpus_per_worker in (ALL, 0):
+        return VisibleGpus((), "not looked up")  # nothing to split
+    return visible_gpus(environ, options.env)
+
+
+def _pin_gpus(plan: ClusterPlan, options, environ, gpus) -> ClusterPlan:
+    """`plan` with each task's `CUDA_VISIBLE_DEVICES` (see `_gpus.py`)."""
+    specs, services, assignment = pin_specs(
+        plan.specs,
+        plan.services,
+        gpus,
+        options.gpus_per_worker,
+        parameter_servers=bool(options.num_ps),
+        elastic=options.discover is not None,
+        environ={**environ, **(options.env or {})},
+    )
+    return dataclasses.replace(
+        plan,
+        specs=specs,
+        services=services,
+        gpus=gpus,
+        gpu_summary=assignment.summary,
+        gpu_note=assignment.note,
+    )
+
+
 def _plan_local(options: LaunchOptions) -> ClusterPlan:
-    if options.num_ps:
-        return _plan_local_ps(options)
     num_workers = options.num_workers
     ports = options.ports
     if ports is not None:

@@ -57,6 +57,7 @@ def launch_function(
     echo: bool = True,
     grace_seconds: float = 5.0,
     data_service_workers: int = 0,
+    gpus_per_worker: int | str | None = None,
 ) -> list[Any]:
     """Calls `function(*args, **kwargs)` in `num_workers` worker processes.
 
@@ -80,6 +81,9 @@ def launch_function(
         data_service_workers: Start a tf.data service dispatcher and this many
             service workers beside the workers (see `launch()`); the function
             finds the address with `kr.data.service_address()`. Defaults to `0`.
+        gpus_per_worker: GPUs each worker sees through its own
+            `CUDA_VISIBLE_DEVICES` (see `launch()`). Defaults to `None`: the
+            visible GPUs split evenly among the workers.
 
     Returns:
         Each worker's return value, in worker order (`[0]` is the chief's). They
@@ -107,6 +111,7 @@ def launch_function(
         echo=echo,
         env=env,
         data_service_workers=data_service_workers,
+        gpus_per_worker=gpus_per_worker,
     )
     payload = function_payload(function)
     with tempfile.TemporaryDirectory(prefix="kr-launch-function-") as workdir:

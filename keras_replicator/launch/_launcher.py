@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import tempfile
 import time
 import warnings
@@ -40,7 +39,11 @@ from typing import Any
 from keras_replicator._worker_env import PREEMPTED_FILE_ENV, SLOT_ENV
 from keras_replicator.launch._cluster import ClusterPlan, plan_cluster
 from keras_replicator.launch._elastic import Discovery, resize_wanted, workers_for
-from keras_replicator.launch._options import REMOTE_WARNING, LaunchOptions
+from keras_replicator.launch._options import (
+    REMOTE_WARNING,
+    LaunchOptions,
+    check_command,
+)
 from keras_replicator.launch._output import note
 from keras_replicator.launch._ps_runner import run_ps_group
 from keras_replicator.launch._results import LaunchResult
@@ -73,6 +76,7 @@ def launch(
     min_workers: int | None = None,
     discover: str | Callable[[], Iterable[str]] | None = None,
     discover_seconds: float = 5.0,
+    gpus_per_worker: int | str | None = None,
 ) -> LaunchResult:
     """Runs `command` as the workers of one cluster (`keras-replicator launch`).
 
@@ -143,6 +147,12 @@ def launch(
             `None` (a fixed group).
         discover_seconds: Seconds between two questions to `discover`.
             Defaults to `5.0`.
+        gpus_per_worker: GPUs each local worker sees through its own
+            `CUDA_VISIBLE_DEVICES` (`--gpus-per-worker`; `0`: none, `"all"`:
+            every worker sees every GPU). Needs `num_workers`. Defaults to
+            `None`: the visible GPUs (`CUDA_VISIBLE_DEVICES`, else
+            `nvidia-smi`) split evenly, nothing set without GPUs (see
+            docs/launch.md, "GPUs").
 
     Returns:
         The `LaunchResult` of the last run: `.ok`, `.preempted` (all workers
@@ -181,13 +191,14 @@ def launch(
         min_workers=min_workers,
         discover=discover,
         discover_seconds=discover_seconds,
+        gpus_per_worker=gpus_per_worker,
     )
     return launch_with_options(command, options)
 
 
 def launch_with_options(command: Sequence[str], options: LaunchOptions) -> LaunchResult:
     """`launch()` with its options already gathered (the CLI's entry point)."""
-    command = _check_command(command)
+    command = check_command(command)
     plan = plan_cluster(options)
     if options.max_restarts and plan.mode != "local":
         raise ValueError(
@@ -199,6 +210,8 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
         )
     if options.allow_remote and options.echo:
         warnings.warn(REMOTE_WARNING, UserWarning, stacklevel=3)
+    if plan.gpu_note and options.echo and not options.dry_run:
+        _note(plan.gpu_note)
     if options.dry_run:
         print(plan.describe(command))
         return LaunchResult(workers=(), timed_out=False, seconds=0.0)
@@ -227,7 +240,7 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
         if slots is None:
             return _no_slots(options, started)
         size = workers_for(slots, options.num_workers)
-        plan = _plan(options, size)
+        plan = _plan(options, size, plan)
         discovery.start()
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
@@ -281,7 +294,7 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
             earlier.append(result)
             if options.echo:
                 _note(f"{result.headline()}. Starting again on fresh ports.")
-            plan = _plan(options, size)
+            plan = _plan(options, size, plan)
             continue
         if result.timed_out or (result.ok and not result.preempted):
             break
@@ -306,15 +319,20 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
             why = f"restart {attempt} of {options.max_restarts}"
         if options.echo:
             _note(_restart_note(result, before, size, why, resized))
-        plan = _plan(options, size)  # fresh ports: the old ones may linger
+        plan = _plan(options, size, plan)  # fresh ports: the old ones may linger
     return dataclasses.replace(
         result, restarts=attempt, previous=tuple(earlier), resizes=resizes
     )
 
 
-def _plan(options: LaunchOptions, size: int | None) -> ClusterPlan:
-    """The cluster for `size` workers (an elastic launch's size), fresh ports."""
-    return plan_cluster(dataclasses.replace(options, num_workers=size))
+def _plan(options: LaunchOptions, size: int | None, before: ClusterPlan) -> ClusterPlan:
+    """The cluster for `size` workers (an elastic launch's size), fresh ports.
+
+    The GPUs found for the first plan are split again for `size` workers.
+    """
+    return plan_cluster(
+        dataclasses.replace(options, num_workers=size), gpus=before.gpus
+    )
 
 
 def _failed_on_its_own(result: LaunchResult) -> bool:
@@ -360,34 +378,6 @@ def _no_slots(options: LaunchOptions, waiting_since: float) -> LaunchResult:
     return LaunchResult(
         workers=(), timed_out=True, seconds=time.monotonic() - waiting_since
     )
-
-
-def _check_command(command) -> list[str]:
-    if isinstance(command, str) or not command:
-        raise ValueError(
-            "`command` must be a non-empty list: the program and its arguments. "
-            f'Received: command={command!r}. Use e.g. ["python", "train.py"].'
-        )
-    command = [str(part) for part in command]
-    program = command[0]
-    if "/" not in program and shutil.which(program) is None:
-        raise ValueError(
-            f"`command[0]` must be a program on PATH or a path. Received: "
-            f"command[0]={program!r}, which was not found. Check the spelling, "
-            "or give the full path (e.g. sys.executable for this Python)."
-        )
-    if "/" in program and not (os.path.isfile(program) and os.access(program, os.X_OK)):
-        problem = (
-            "does not exist"
-            if not os.path.exists(program)
-            else ("is not an executable file")
-        )
-        raise ValueError(
-            f"`command[0]` must be an executable program. Received: "
-            f"command[0]={program!r}, which {problem}. Check the path, or run a "
-            "script through its interpreter (e.g. `python train.py`)."
-        )
-    return command
 
 
 def _note(message: str) -> None:

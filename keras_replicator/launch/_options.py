@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+import os
+import re
+import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from keras_replicator._tf_config import address_problem, format_address
@@ -52,6 +55,7 @@ class LaunchOptions:
     min_workers: int | None = None
     discover: str | Callable[[], Iterable[str]] | None = None
     discover_seconds: float = 5.0
+    gpus_per_worker: int | str | None = None
 
     def __post_init__(self):
         if self.num_workers is not None:
@@ -126,6 +130,30 @@ class LaunchOptions:
         _check_port("port_base", self.port_base)
         self._check_data_service()
         self._check_elastic()
+        self._check_gpus()
+
+    def _check_gpus(self):
+        value = self.gpus_per_worker
+        if value is None:
+            return
+        if value != "all":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(
+                    "`gpus_per_worker` must be a number of GPUs, 0 (none) or "
+                    f"'all'. Received: gpus_per_worker={value!r}. Use e.g. 2, or "
+                    "leave it unset to split the visible GPUs evenly."
+                )
+            _check_int("gpus_per_worker", value, minimum=0, hint="Use 1")
+        if self.num_workers is None or self.cluster in ("tf-config", "slurm"):
+            raise ValueError(
+                "`gpus_per_worker` splits this machine's GPUs among local workers "
+                f"and needs `num_workers`. Received: gpus_per_worker={value!r}, "
+                f"num_workers={self.num_workers}, cluster={self.cluster!r}. Under "
+                "Slurm each task gets its GPUs from Slurm and TensorFlow's "
+                "SlurmClusterResolver (ask `srun` for them, e.g. "
+                "`--gpus-per-task`); a scheduler's TF_CONFIG task keeps the GPUs "
+                "its scheduler gave it. Drop `--gpus-per-worker`."
+            )
 
     def _check_elastic(self):
         _check_seconds("discover_seconds", self.discover_seconds, allow_none=False)
@@ -258,6 +286,52 @@ def _check_port(name, port):
             f"`{name}` must be a TCP port number in [1, 65535]. "
             f"Received: {name}={port!r}."
         )
+
+
+def check_command(command) -> list[str]:
+    """`command` as a list of strings, its program checked (found, executable)."""
+    if isinstance(command, str) or not command:
+        raise ValueError(
+            "`command` must be a non-empty list: the program and its arguments. "
+            f'Received: command={command!r}. Use e.g. ["python", "train.py"].'
+        )
+    command = [str(part) for part in command]
+    program = command[0]
+    if "/" not in program and shutil.which(program) is None:
+        raise ValueError(
+            f"`command[0]` must be a program on PATH or a path. Received: "
+            f"command[0]={program!r}, which was not found. Check the spelling, "
+            "or give the full path (e.g. sys.executable for this Python)."
+        )
+    if "/" in program and not (os.path.isfile(program) and os.access(program, os.X_OK)):
+        problem = (
+            "does not exist"
+            if not os.path.exists(program)
+            else ("is not an executable file")
+        )
+        raise ValueError(
+            f"`command[0]` must be an executable program. Received: "
+            f"command[0]={program!r}, which {problem}. Check the path, or run a "
+            "script through its interpreter (e.g. `python train.py`)."
+        )
+    return command
+
+
+def parse_gpus_per_worker(text: str | int | None) -> int | str | None:
+    """`"2"` / `"all"` (the CLI form) as `2` / `"all"`; other text is kept.
+
+    Anything else is left for `LaunchOptions` to refuse with its message.
+
+    Example:
+    >>> parse_gpus_per_worker("2"), parse_gpus_per_worker("all")
+    (2, 'all')
+    """
+    if not isinstance(text, str):
+        return text
+    stripped = text.strip()
+    if re.fullmatch(r"-?\d+", stripped):
+        return int(stripped)
+    return stripped.lower() if stripped.lower() == "all" else text
 
 
 def parse_ports(text: str | Sequence[int] | None) -> tuple[int, ...] | None:

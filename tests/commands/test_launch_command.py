@@ -332,3 +332,62 @@ def test_a_bad_host_is_a_usage_error(host, message):
     out = _cli("-n", "2", "--host", host, "--allow-remote", "--", PY, "-c", "pass")
     assert out.returncode == 2
     assert "`host` must be a host name" in out.stderr and message in out.stderr
+
+
+def _with_four_gpus(tmp_path):
+    """The environment of a machine whose (fake) `nvidia-smi` lists 4 GPUs."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "nvidia-smi").write_text("#!/bin/sh\nprintf '0\\n1\\n2\\n3\\n'\n")
+    (folder / "nvidia-smi").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = f"{folder}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def test_dry_run_shows_each_workers_gpus(tmp_path):
+    env = _with_four_gpus(tmp_path)
+    out = _cli("-n", "2", "--dry-run", "--", "python", "train.py", env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[2].startswith("GPUs: 4 visible (nvidia-smi: 0,1,2,3); 2 per worker")
+    assert lines[3].endswith("CUDA_VISIBLE_DEVICES='0,1'")
+    assert lines[4].endswith("CUDA_VISIBLE_DEVICES='2,3'")
+    out = _cli(
+        "-n",
+        "4",
+        "--gpus-per-worker",
+        "1",
+        "--dry-run",
+        "--",
+        "python",
+        "t.py",
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert [line.rpartition(" ")[2] for line in out.stdout.splitlines()[3:7]] == [
+        f"CUDA_VISIBLE_DEVICES='{index}'" for index in range(4)
+    ]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("3", "Received: gpus_per_worker=3, num_workers=2. Use gpus_per_worker=2"),
+        ("two", "Received: gpus_per_worker='two'"),
+        ("-1", "Received: gpus_per_worker=-1"),
+    ],
+)
+def test_a_bad_gpus_per_worker_is_a_usage_error_before_anything_starts(
+    tmp_path, value, message
+):
+    started = tmp_path / "started"
+    code = f"open({str(started)!r}, 'a').close()"
+    out = _cli(
+        "-n", "2", "--gpus-per-worker", value, "--", PY, "-c", code,
+        env=_with_four_gpus(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "keras-replicator launch: error: `gpus_per_worker`" in out.stderr
+    assert message in out.stderr
+    assert not started.exists()

@@ -3,7 +3,11 @@
 import pytest
 
 from keras_replicator.launch import LaunchOptions
-from keras_replicator.launch._options import is_loopback, parse_ports
+from keras_replicator.launch._options import (
+    is_loopback,
+    parse_gpus_per_worker,
+    parse_ports,
+)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +43,20 @@ from keras_replicator.launch._options import is_loopback, parse_ports
         ({"host": "my host"}, ValueError, "may only hold ASCII.*host='my host'"),
         ({"host": "node\n1"}, ValueError, "may only hold ASCII"),
         ({"host": "::1::2"}, ValueError, "not an IPv6 address"),
+        (
+            {"num_workers": 2, "gpus_per_worker": -1},
+            ValueError,
+            "Received: gpus_per_worker=-1",
+        ),
+        ({"num_workers": 2, "gpus_per_worker": "two"}, TypeError, "or 'all'"),
+        ({"num_workers": 2, "gpus_per_worker": True}, TypeError, "=True"),
+        ({"num_workers": 2, "gpus_per_worker": 1.5}, TypeError, "=1.5"),
+        ({"gpus_per_worker": 1}, ValueError, "splits this machine's GPUs"),
+        (
+            {"cluster": "slurm", "gpus_per_worker": 2},
+            ValueError,
+            "cluster='slurm'. Under Slurm.*--gpus-per-task",
+        ),
     ],
 )
 def test_bad_options(kwargs, error, match):
@@ -82,3 +100,14 @@ def test_parse_ports():
     assert parse_ports(None) is None
     with pytest.raises(ValueError, match="Received: ports='50a0'"):
         parse_ports("50a0")
+
+
+def test_parse_gpus_per_worker():
+    assert [parse_gpus_per_worker(t) for t in ("2", " 0", "ALL", "-1", "two")] == [
+        2,
+        0,
+        "all",
+        -1,
+        "two",
+    ]
+    assert parse_gpus_per_worker(None) is None
