@@ -12,7 +12,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[dev,demo,notebooks]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[tensorflow,dev,demo,notebooks]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -68,7 +68,7 @@ compat-range:
 compat-pair:
 	test -x .venv-$(PAIR)/bin/python || $(PYTHON) -m venv .venv-$(PAIR)
 	.venv-$(PAIR)/bin/python -m pip install --quiet --upgrade pip
-	.venv-$(PAIR)/bin/python -m pip install --quiet -c $(PAIR_CONSTRAINTS) -e ".[dev]"
+	.venv-$(PAIR)/bin/python -m pip install --quiet -c $(PAIR_CONSTRAINTS) -e ".[tensorflow,dev]"
 	.venv-$(PAIR)/bin/keras-replicator env
 	.venv-$(PAIR)/bin/python -m pytest -q tests/test_compat.py tests/_compat
 	.venv-$(PAIR)/bin/keras-replicator test --factories $(COMPAT_FACTORIES)

@@ -15,12 +15,23 @@ That is one pass over 1/N of the gradients instead of a TensorFlow op over all o
 them (2.9 ms of a 75 ms 2-worker MLP step). `divide_in_place` rounds exactly as
 `divide` does, so the fused path changes no bit (`tests/communication/
 test_division.py`).
+
+On a TPU (`_platform.platform_of` the current strategy) the step is one XLA
+program and the chip has no float64 (issue 48): a gradient below float64 is
+divided in float32 (16-bit ones are cast up and back), one correctly rounded
+quotient instead of the float64 reciprocal's product. That is at least as accurate (one
+rounding, not two) but not the same bits: a float32 gradient may differ from the
+CPU / GPU path's in the last place (6e-8 relative), so a TPU run matches a GPU
+run to float32 precision, not bit for bit. XLA may itself lower the division to
+a reciprocal and a Newton step on the chip.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+
+from keras_replicator import _platform
 
 # The dtypes the ring divides itself; others are divided by `divide` afterwards.
 FUSED_DTYPES = (tf.float32, tf.float64)
@@ -29,6 +40,9 @@ FUSED_DTYPES = (tf.float32, tf.float64)
 def divide(grad, total):
     """`grad / total` (a tensor or `tf.IndexedSlices`), as described above.
 
+    The platform is the current strategy's: on a TPU no float64 op is made
+    for a gradient below float64.
+
     Example:
     >>> float(divide(tf.constant(3.0), tf.constant(4.0)))
     0.75
@@ -36,6 +50,9 @@ def divide(grad, total):
     values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
     if values.dtype == tf.float64:
         values = values / tf.cast(total, tf.float64)
+    elif _platform.platform_of(tf.distribute.get_strategy()) == _platform.TPU:
+        quotient = tf.cast(values, tf.float32) / tf.cast(total, tf.float32)
+        values = tf.cast(quotient, values.dtype)
     else:
         inverse = 1.0 / tf.cast(total, tf.float64)
         values = values * tf.cast(inverse, values.dtype)

@@ -27,11 +27,20 @@ rows, however many replicas there are (one included):
 
 SGD is unchanged by either (a repeated row's updates add up the same way); Adam,
 RMSprop, Adagrad, Adadelta, Adamax, Nadam, Lion, Ftrl get the dense gradient's update.
+
+**On a TPU** (`_platform.platform_of` the current strategy) the step is one XLA
+program: no dynamic shapes, so no `tf.unique` (its output's length depends on the
+data). Every embedding gradient is made dense, whatever the table's size (as
+TensorFlow's own TPU all-reduce does with `IndexedSlices`), and
+`sum_repeated_rows` sums into the table's rows with a static-shape segment sum.
+A large table then costs its full size in traffic and memory each step.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+
+from keras_replicator import _platform
 
 # A table up to this size travels dense (16 MB: a 32k x 128 float32 embedding).
 DENSE_MAX_BYTES = 16e6
@@ -42,7 +51,7 @@ def shaped_like(gradient, variable):
 
     A dense gradient gets its variable's static shape if its own is not fully
     known; an `IndexedSlices` becomes dense if the table holds at most
-    `DENSE_MAX_BYTES`, else keeps its rows.
+    `DENSE_MAX_BYTES` or the replicas are a TPU's, else keeps its rows.
 
     Args:
         gradient: A dense tensor or a `tf.IndexedSlices` (not `None`).
@@ -51,11 +60,15 @@ def shaped_like(gradient, variable):
     Returns:
         A dense tensor of the variable's shape, or a `tf.IndexedSlices`.
     """
-    if isinstance(gradient, tf.IndexedSlices):
+    if isinstance(gradient, tf.IndexedSlices) and not _on_tpu():
         size = tf.TensorShape(variable.shape).num_elements()
         if size is None or size * gradient.dtype.size > DENSE_MAX_BYTES:
             return gradient
     return dense_like(gradient, variable)
+
+
+def _on_tpu() -> bool:
+    return _platform.platform_of(tf.distribute.get_strategy()) == _platform.TPU
 
 
 def dense_like(gradient, variable):
@@ -77,7 +90,23 @@ def sum_repeated_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
     >>> summed = sum_repeated_rows(slices)
     >>> summed.indices.numpy().tolist(), summed.values.numpy().ravel().tolist()
     ([3, 0], [5.0, 2.0])
+
+    On a TPU the result has every row of the table, in order (static shapes,
+    no `tf.unique`); rows no index touched are zero.
     """
+    if _on_tpu():
+        if slices.dense_shape is None:
+            raise ValueError(
+                "On a TPU an embedding gradient is summed into its table's rows, "
+                "so its `dense_shape` must be known. Received: dense_shape=None. "
+                "Build the `tf.IndexedSlices` with the table's shape."
+            )
+        # A count XLA can fold into a constant (the table's rows are static).
+        static = tf.get_static_value(slices.dense_shape)
+        rows = int(static[0]) if static is not None else slices.dense_shape[0]
+        values = tf.math.unsorted_segment_sum(slices.values, slices.indices, rows)
+        indices = tf.range(tf.shape(values)[0], dtype=slices.indices.dtype)
+        return tf.IndexedSlices(values, indices, slices.dense_shape)
     indices, positions = tf.unique(slices.indices)
     values = tf.math.unsorted_segment_sum(
         slices.values, positions, tf.shape(indices)[0]

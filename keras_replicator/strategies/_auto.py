@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import warnings
 
 import tensorflow as tf
 
@@ -37,6 +38,9 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
     """Picks TPU, then a multi-worker cluster, then local devices, then one device.
 
     1. A TPU, if the environment shows one (Colab, Cloud TPU VM): `TPUReplicator`.
+       If it cannot be initialised (no TPU build of TensorFlow, a TPU another
+       process holds, a stale `TPU_NAME`), a `RuntimeWarning` names the error
+       and the next rule applies.
     2. A cluster described by `TF_CONFIG` (e.g. a Kubernetes TFJob or
        `keras-replicator launch`) or by Slurm (`SLURM_NTASKS` > 1):
        `MultiWorkerReplicator`; `ParameterServerReplicator` when `TF_CONFIG`
@@ -68,10 +72,9 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
         num_replicas = int(raw)
     _devices.validate_num_replicas(num_replicas)
 
-    hint = tpu_environment_hint()
-    if hint:
-        strategy = TPUReplicator()
-        reason = f"a TPU was found ({hint})"
+    tpu, tpu_reason = _tpu_or_none(tpu_environment_hint(), num_replicas)
+    if tpu is not None:
+        strategy, reason = tpu, tpu_reason
     elif _cluster_config.has_parameter_servers(_tf_config.read_tf_config()):
         # On worker and ps tasks this serves and never returns.
         strategy = ParameterServerReplicator()
@@ -92,6 +95,8 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
             if count > 1
             else "no TPU, cluster, GPUs or CPU split: one device"
         )
+    if tpu is None and tpu_reason:
+        reason = f"{reason} ({tpu_reason})"
     strategy.selection_reason = reason
     if verbose:
         print(
@@ -100,3 +105,32 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
             file=sys.stderr,
         )
     return strategy
+
+
+def _tpu_or_none(hint: str | None, num_replicas: int | None):
+    """`(TPUReplicator, reason)`, or `(None, why not)` after a warning."""
+    if not hint:
+        return None, None
+    if num_replicas and not tf.config.get_visible_devices("GPU"):
+        # A failed TPU initialisation starts TensorFlow's devices, after which
+        # the CPU can no longer be split for the fallback: split it first (the
+        # TPU's host does not use the extra logical CPUs).
+        try:
+            _devices.local_replica_devices(num_replicas)
+        except ValueError:
+            pass  # already started with fewer: the fallback reports it
+    try:
+        return TPUReplicator(), f"a TPU was found ({hint})"
+    except (RuntimeError, ValueError, tf.errors.OpError) as error:
+        failure = f"{type(error).__name__}: {error}"
+        warnings.warn(
+            f"keras_replicator.auto: the environment shows a TPU ({hint}), but it "
+            f"could not be initialised ({failure}). Falling back to the next "
+            "strategy (a cluster, local GPUs or the CPU). On a TPU VM install the "
+            "TPU build of TensorFlow (`pip install keras-replicator[tpu]`) and check "
+            "that no other process holds the TPU; to skip the TPU, unset TPU_NAME / "
+            "COLAB_TPU_ADDR / TPU_ACCELERATOR_TYPE.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None, f"the TPU could not be initialised: {type(error).__name__}"

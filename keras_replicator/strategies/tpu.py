@@ -8,8 +8,21 @@ import os
 import tensorflow as tf
 
 from keras_replicator import _platform
+from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
 from keras_replicator.strategies._replicator import ReplicatorMixin
+
+# A TPU attached to this host: /dev/accel* on TPU v2-v4 VMs, VFIO groups on
+# v5e / v6e VMs (libtpu opens the chips through /dev/vfio there).
+LOCAL_TPU_DEVICES = ("/dev/accel0", "/dev/vfio/0")
+
+
+def local_tpu_device() -> str | None:
+    """The device file of a TPU attached to this host (a Cloud TPU VM), or None."""
+    for path in LOCAL_TPU_DEVICES:
+        if os.path.exists(path):
+            return path
+    return None
 
 
 def tpu_environment_hint() -> str | None:
@@ -17,8 +30,9 @@ def tpu_environment_hint() -> str | None:
     for variable in ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE"):
         if os.environ.get(variable):
             return f"{variable} is set"
-    if os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"):
-        return "TPU device files (/dev/accel0 or /dev/vfio/0) exist"
+    device = local_tpu_device()
+    if device is not None:
+        return f"TPU device files exist ({device})"
     return None
 
 
@@ -27,7 +41,7 @@ def connect_tpu(tpu=None):
     if isinstance(tpu, tf.distribute.cluster_resolver.TPUClusterResolver):
         resolver = tpu
     else:
-        if tpu is None and os.path.exists("/dev/accel0"):
+        if tpu is None and local_tpu_device() is not None:
             tpu = "local"  # Cloud TPU VM: the TPU is attached to this host.
         if tpu is None and tpu_environment_hint() is None:
             # Without a hint the resolver would query cloud metadata servers; a
@@ -69,7 +83,8 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
         experimental_device_assignment: As for `tf.distribute.TPUStrategy`.
             Defaults to `None`.
         all_reduce: A `kr.AllReduceOptions`. On a TPU only `compression` changes
-            the traffic (the cast is compiled into the XLA step); XLA's all-reduce
+            the traffic (the cast is compiled into the XLA step; `"bf16"` only:
+            float16 is no TPU type, so `"fp16"` is refused); XLA's all-reduce
             combiner re-fuses buckets, so `bucket_mb` only changes the graph;
             `hierarchy` must be `None` (the interconnect's all-reduce is already
             a 2-D torus reduction); `shard_weight_update=True` all-reduces and
@@ -79,6 +94,8 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
 
     Raises:
         RuntimeError: If no TPU is reachable.
+        ValueError: If `all_reduce` asks for what a TPU cannot do (`"fp16"`,
+            `hierarchy`, `transport="socket"`).
 
     Example:
     >>> import keras_replicator as kr
@@ -94,6 +111,7 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
                 "`transport` must be None or 'collective' on a TPU. Received: "
                 f"transport={options.transport!r}."
             )
+        _compression.check_wire_format(options.compression, _platform.TPU)
         if options.hierarchy is not None:
             raise ValueError(
                 "`hierarchy` must be None on a TPU: the TPU interconnect already "

@@ -67,9 +67,16 @@ def test_pyproject_declares_the_supported_range():
     root = pathlib.Path(__file__).parents[2]
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     dependencies = {d.replace(" ", "") for d in project["dependencies"]}
-    for name, spec in _compat.SUPPORTED_VERSIONS.items():
-        assert f"{name}{spec}" in dependencies, (name, spec, dependencies)
+    keras_spec = _compat.SUPPORTED_VERSIONS["keras"]
+    assert f"keras{keras_spec}" in dependencies, dependencies
     assert not [d for d in dependencies if "==" in d], "runtime pins: use ranges"
+    # TensorFlow only through one extra per build: never over a TPU build.
+    names = {d.split(">")[0].split("<")[0].split("[")[0] for d in dependencies}
+    assert not names & {"tensorflow", "tensorflow-cpu", "tensorflow-tpu"}, names
+    extras = project["optional-dependencies"]
+    tensorflow_spec = _compat.SUPPORTED_VERSIONS["tensorflow"]
+    for extra, requirement in _versions.TENSORFLOW_EXTRAS.items():
+        assert f"{requirement}{tensorflow_spec}" in extras[extra], extras[extra]
 
 
 def test_the_dev_constraints_pin_the_newest_verified_pair():

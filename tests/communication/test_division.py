@@ -138,3 +138,35 @@ def test_counts_and_divide_by_are_one_choice():
     (ring,) = _rings(1)
     with pytest.raises(ValueError, match="Received: divide_by=2.0, counts="):
         ring.all_reduce(np.ones(3, np.float32), divide_by=2.0, counts=[3.0])
+
+
+def _tpu_flavoured_scope():
+    """A strategy that builds the TPU step on CPU (`_platform.platform_of`)."""
+    import keras_replicator as kr
+    from keras_replicator import _platform
+    from keras_replicator._replicator_state import replicator_state
+
+    strategy = kr.MultiDeviceReplicator(num_replicas=2)
+    replicator_state(strategy).platform = _platform.TPU
+    return strategy.scope()
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16])
+def test_on_a_tpu_the_quotient_is_float32_with_no_float64_op(dtype):
+    values = np.random.default_rng(0).normal(size=1000).astype(np.float32)
+    total = np.float32(300.0)
+    with _tpu_flavoured_scope():
+        divide = tf.function(_division.divide)
+        graph = divide.get_concrete_function(
+            tf.TensorSpec([1000], dtype), tf.TensorSpec([], tf.float32)
+        ).graph
+        mine = divide(tf.cast(values, dtype), tf.constant(total))
+    doubles = [op.name for op in graph.get_operations() if "DT_DOUBLE" in str(op)]
+    assert not doubles, doubles
+    # One rounding to float32 (then to the gradient's dtype), not the reciprocal's.
+    quotient = tf.cast(values, dtype).numpy().astype(np.float32) / total
+    expected = tf.cast(tf.constant(quotient), dtype).numpy()
+    assert mine.dtype == dtype
+    np.testing.assert_array_equal(
+        mine.numpy().view(np.uint8), np.asarray(expected).view(np.uint8)
+    )
