@@ -2,6 +2,12 @@
 
 Nothing is built at import time (building a strategy fixes TensorFlow's devices), so
 the registry can be listed, filtered and shipped to worker processes by name.
+
+Each factory says which devices it means, so a name means the same on every
+machine: the CPU factories hide any GPU (`multi-device-2` is 2 logical CPUs on a
+GPU machine too), and the GPU factories need GPUs. On a machine with fewer GPUs
+than a factory needs, its rows say "not available" and why; they are never run on
+the CPU instead nor counted as passed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ class StrategyFactory:
         num_workers: Worker processes the strategy spans. 1 for local strategies.
         logical_cpus: Logical CPU devices each process needs before TF starts.
         stock: Whether this is an unmodified TensorFlow strategy (for comparison).
+        gpus: GPUs the machine must have for this factory (all its workers
+            together; each worker gets its share of them). `0` hides the GPUs so
+            that the strategy runs on the CPU on every machine. `None` leaves the
+            devices as TensorFlow finds them. Defaults to `None`.
     """
 
     name: str
@@ -28,6 +38,7 @@ class StrategyFactory:
     num_workers: int = 1
     logical_cpus: int = 4
     stock: bool = False
+    gpus: int | None = None
 
 
 def _mirrored(count):
@@ -46,6 +57,25 @@ def _multi_device(count):
         return kr.MultiDeviceReplicator(num_replicas=count)
 
     return build
+
+
+def _split_gpu(count):
+    def build():
+        import tensorflow as tf
+
+        import keras_replicator as kr
+
+        # The first GPU alone, so `num_replicas` splits it (a 1-GPU machine's case).
+        tf.config.set_visible_devices(tf.config.get_visible_devices("GPU")[:1], "GPU")
+        return kr.MultiDeviceReplicator(num_replicas=count)
+
+    return build
+
+
+def _every_gpu():
+    import keras_replicator as kr
+
+    return kr.MultiDeviceReplicator()
 
 
 def _stock_multi_worker():
@@ -71,29 +101,41 @@ def _multi_worker_transport(transport):
     return build
 
 
+# gpus=0: CPU factories, the same strategy on every machine (GPUs hidden).
 FACTORIES: dict[str, StrategyFactory] = {
     f.name: f
     for f in [
-        StrategyFactory("stock-mirrored-2", _mirrored(2), stock=True),
-        StrategyFactory("stock-mirrored-4", _mirrored(4), stock=True),
+        StrategyFactory("stock-mirrored-2", _mirrored(2), stock=True, gpus=0),
+        StrategyFactory("stock-mirrored-4", _mirrored(4), stock=True, gpus=0),
         StrategyFactory(
-            "stock-multi-worker-2", _stock_multi_worker, 2, logical_cpus=1, stock=True
+            "stock-multi-worker-2",
+            _stock_multi_worker,
+            2,
+            logical_cpus=1,
+            stock=True,
+            gpus=0,
         ),
-        StrategyFactory("multi-device-2", _multi_device(2)),
-        StrategyFactory("multi-device-4", _multi_device(4)),
-        StrategyFactory("multi-worker-2", _multi_worker, 2, logical_cpus=1),
+        StrategyFactory("multi-device-2", _multi_device(2), gpus=0),
+        StrategyFactory("multi-device-4", _multi_device(4), gpus=0),
+        StrategyFactory("multi-worker-2", _multi_worker, 2, logical_cpus=1, gpus=0),
         StrategyFactory(
             "multi-worker-2-socket",
             _multi_worker_transport("socket"),
             2,
             logical_cpus=1,
+            gpus=0,
         ),
         StrategyFactory(
             "multi-worker-2-collective",
             _multi_worker_transport("collective"),
             2,
             logical_cpus=1,
+            gpus=0,
         ),
+        # GPU factories: "not available" rows on a machine without enough GPUs.
+        StrategyFactory("split-gpu-2", _split_gpu(2), gpus=1),
+        StrategyFactory("multi-gpu", _every_gpu, gpus=2),
+        StrategyFactory("multi-worker-gpu-2", _multi_worker, 2, logical_cpus=1, gpus=2),
     ]
 }
 

@@ -4,6 +4,11 @@ The transparency principle: N replicas at global batch B must give what one devi
 gives at batch B. Each conformance check is a model builder plus a workload; this
 module runs both sides from the same initial weights and reports the largest
 difference against a stated tolerance.
+
+Both sides run with TensorFloat-32 off (`exact_float32`): on Ampere and newer GPUs
+TensorFlow runs float32 matmuls and convolutions in TF32 by default, with a 10-bit
+mantissa, and the two sides' rounding would differ by far more than the float32
+tolerances the checks state.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class CheckResult:
     detail: str
     max_error: float | None = None
     tolerance: float | None = None
+    available: bool = True
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -55,6 +61,26 @@ def max_difference(reference, candidate) -> float:
         elif not np.array_equal(ref, got):
             raise CheckFailure("non-float results differ")
     return worst
+
+
+@contextlib.contextmanager
+def exact_float32():
+    """Turns TensorFloat-32 off for the block and restores the previous setting.
+
+    Example:
+    >>> import tensorflow as tf
+    >>> with exact_float32():
+    ...     tf.config.experimental.tensor_float_32_execution_enabled()
+    False
+    """
+    import tensorflow as tf
+
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(previous)
 
 
 @contextlib.contextmanager
@@ -103,7 +129,7 @@ def compare_to_one_device(
     """
     import keras
 
-    with dtype_policy(policy):
+    with exact_float32(), dtype_policy(policy):
         keras.utils.set_random_seed(1234)
         reference_model = (reference_build or build)()
         initial = reference_model.get_weights()

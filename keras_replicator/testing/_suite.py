@@ -3,7 +3,9 @@
 Every factory runs in fresh processes (the CPU split is fixed once TensorFlow
 starts, and a stock strategy's failed collective poisons the rest of its process), so
 the parent imports no TensorFlow. Multi-worker factories start real workers on
-127.0.0.1 through the project's one process runner.
+127.0.0.1 through the project's one process runner. A factory that needs more GPUs
+than the machine has gives rows with `available=False` and the reason: neither
+passed nor failed.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Row:
     passed: bool
     detail: str
     max_error: float | None = None
+    available: bool = True
 
 
 def run_conformance(
@@ -74,7 +77,9 @@ def run_conformance(
         echo: Print the workers' output. Defaults to `False`.
 
     Returns:
-        A list of `Row`s, factory by factory, in check order.
+        A list of `Row`s, factory by factory, in check order. A factory that
+        cannot run here (e.g. a GPU factory without GPUs) gives rows with
+        `passed=False`, `available=False` and the reason in `detail`.
 
     Example:
     >>> from keras_replicator.testing import run_conformance
@@ -121,6 +126,12 @@ def _run_batch(factory, check_names, timeout, echo):
                 reason += f" (worker {failure.index} exit {failure.returncode})"
             rows.append(Row(factory.name, check, False, reason))
             continue
+        missing = [o for o in outcomes if not o.get("available", True)]
+        if missing:
+            rows.append(
+                Row(factory.name, check, False, missing[0]["detail"], None, False)
+            )
+            continue
         failed = [o for o in outcomes if not o["passed"]]
         chosen = failed[0] if failed else outcomes[0]
         errors = [o["max_error"] for o in outcomes if o["max_error"] is not None]
@@ -160,6 +171,8 @@ def format_table(rows: list[Row]) -> str:
             cell = cells.get((factory, check))
             if cell is None:
                 row.append("")
+            elif not cell.available:
+                row.append("n/a: " + cell.detail.removeprefix("not available: ")[:60])
             elif cell.passed:
                 row.append("pass")
             else:
