@@ -5,10 +5,33 @@ TensorFlow's multi-worker runtime installs a low-level SIGTERM handler of its ow
 when the strategy is built, so Python never sees the signal and `fit` trains on
 to the end (issue 38). `Preemption.listen` installs a Python handler in its
 place while `fit` runs (the one Python saw before comes back after), and it only
-records the signal: the step in flight finishes. After each step every worker
-says whether it was signalled (`any_worker`, one 4-byte all-reduce), so all of
-them stop after the same step, back up at it and exit together: a worker that
-stopped alone would leave the others waiting in their next collective.
+records the signal: the step in flight finishes. The workers then agree on one
+step to stop after, so all of them back up at it and exit together: a worker
+that stopped alone would leave the others waiting in their next collective.
+
+How they agree (issue 48, item 14): the agreement rides the training step's own
+log all-reduce (`StepAgreement`). Each step carries this worker's flag (0 or 1,
+a step-function argument) as one more float beside the loss, and every worker
+gets the same mean back. The callback reads the agreement of the step *before*
+the one that just returned, a value already computed when the next step was
+queued, so it adds no collective of its own and, on CPU workers, waits for
+nothing (the step that just returned is done); every worker reads the same
+value after the same batch, so all stop after the same step. (On a GPU,
+TensorFlow's device-to-host copy of even an earlier value waits for the work
+queued on the device before it: whether that read stalls the queued step is a
+check for a GPU machine, `benchmarks/preemption_agreement.py`.)
+
+The price is a step: the flag rides the first step queued after the signal is
+heard, and that step's agreement is read after the next one. A signal that
+arrives while step N runs (the usual case: Python runs the handler when the
+step returns) stops every worker after step N+2, where the eager agreement this
+replaced (a 4-byte all-reduce and `.numpy()` after every step: a host sync
+between steps) stopped them after step N; the grace period must cover those
+steps and the backup. The last step of an epoch is read at the epoch's end, so
+an agreement never carries over into the next epoch. A dead peer fails the
+step's own collective, as it did before: an error, not a hang. Without
+preemption signals the step is the plain one. One process (any strategy but a
+multi-worker Replicator) answers for itself after every step, with no lag.
 
 Hand-written: TensorFlow's `PreemptionCheckpointHandler` does this for custom
 training loops only (it saves a `tf.train.Checkpoint` at a step counter of its
@@ -20,6 +43,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -27,7 +51,17 @@ import tensorflow as tf
 from keras_replicator._replicator_state import replicator_state
 from keras_replicator._worker_env import PREEMPTED_FILE_ENV
 
-__all__ = ["Preemption", "any_worker", "mark_preempted", "signal_numbers"]
+__all__ = [
+    "Preemption",
+    "LocalAgreement",
+    "StepAgreement",
+    "agree",
+    "mark_preempted",
+    "signal_numbers",
+    "step_agreement",
+]
+
+_AGREEMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Preemption:
@@ -83,30 +117,112 @@ class Preemption:
             self.received = number
 
 
-def any_worker(strategy, signalled: bool) -> bool:
-    """Whether any worker of `strategy` was `signalled`; call on every worker.
+class LocalAgreement:
+    """One process's answer: stop after the step a signal arrived in.
 
-    One process (any strategy but a multi-worker Replicator) answers for
-    itself. Between workers it is one all-reduce of one value: on the socket
-    ring where the strategy opened one, else through the strategy's collectives.
+    The interface `BackupAndRestore` asks after every step; `agree` picks this
+    or `StepAgreement`.
+
+    Args:
+        preemption: The `Preemption` that listens.
 
     Example:
-    >>> any_worker(tf.distribute.get_strategy(), True)
-    True
+    >>> agreement = LocalAgreement(Preemption([]))
+    >>> agreement.stop_after_this_step(), agreement.stop_at_epoch_end()
+    (False, False)
     """
-    state = replicator_state(strategy)
-    if state is None or not state.is_multi_worker:
-        return bool(signalled)
-    flag = np.array([1.0 if signalled else 0.0], np.float32)
-    if state.transport is not None:
-        return bool(state.transport.all_reduce(flag)[0][0] > 0)
 
-    def reduce():
-        context = tf.distribute.get_replica_context()
-        return context.all_reduce("sum", tf.constant(flag))
+    def __init__(self, preemption: Preemption):
+        self.preemption = preemption
 
-    summed = strategy.experimental_local_results(strategy.run(reduce))[0]
-    return bool(summed.numpy()[0] > 0)
+    def stop_after_this_step(self) -> bool:
+        """After a step: whether to back up at it and stop."""
+        return self.preemption.listening and self.preemption.received is not None
+
+    def stop_at_epoch_end(self) -> bool:
+        """At an epoch's end: whether to back up at its last step and stop."""
+        return False
+
+    def forget(self) -> None:
+        """At an epoch's start: nothing carries over from the epoch before."""
+
+    def end(self) -> None:
+        """Stops listening (the handlers Python had come back)."""
+        self.preemption.stop_listening()
+
+
+class StepAgreement(LocalAgreement):
+    """The agreement between workers that rides a model's training steps.
+
+    While it is `model`'s (`agree`), the step builder (`keras_integration._steps`)
+    passes `local_flag()` into every training step, which averages it with its
+    logs and returns the agreed value, and gives that to `record`.
+
+    Args:
+        preemption: The `Preemption` whose signal this worker's flag reports.
+        model: The model whose training steps carry the flag.
+    """
+
+    def __init__(self, preemption: Preemption, model):
+        super().__init__(preemption)
+        self._model = weakref.ref(model)
+        self._flags = (tf.constant(0.0), tf.constant(1.0))
+        self._previous = self._latest = None
+        _AGREEMENTS[model] = self
+
+    def local_flag(self) -> tf.Tensor:
+        """This worker's flag for the step about to run: 1.0 once signalled."""
+        return self._flags[self.preemption.received is not None]
+
+    def record(self, agreed) -> None:
+        """Keeps the agreed value of the step that just returned (not read)."""
+        self._previous, self._latest = self._latest, agreed
+
+    def stop_after_this_step(self) -> bool:
+        """After a step: whether the step before it agreed to stop.
+
+        That value was computed before the step that just returned was queued;
+        after an epoch's first step there is none (`forget`): False.
+        """
+        return _agreed(self._previous)
+
+    def stop_at_epoch_end(self) -> bool:
+        """At an epoch's end: whether its last step agreed to stop (one read an
+        epoch, where Keras reads the epoch's logs anyway)."""
+        return _agreed(self._latest)
+
+    def forget(self) -> None:
+        """Drops the values read: the agreement never carries over an epoch end."""
+        self._previous = self._latest = None
+
+    def end(self) -> None:
+        """Stops listening; `model`'s next steps are plain ones."""
+        super().end()
+        self.forget()
+        model = self._model()
+        if model is not None and _AGREEMENTS.get(model) is self:
+            del _AGREEMENTS[model]
+
+
+def _agreed(value) -> bool:
+    return value is not None and bool(np.asarray(value) > 0)
+
+
+def agree(model, preemption: Preemption) -> LocalAgreement:
+    """How the workers training `model` agree on a step to stop after.
+
+    Between workers of a multi-worker Replicator while `preemption` listens, in
+    the training steps (`StepAgreement`); elsewhere each process for itself.
+    """
+    state = replicator_state(model.distribute_strategy)
+    if preemption.listening and state is not None and state.is_multi_worker:
+        return StepAgreement(preemption, model)
+    return LocalAgreement(preemption)
+
+
+def step_agreement(model) -> StepAgreement | None:
+    """The agreement `model`'s training steps carry now, or None (plain steps)."""
+    return _AGREEMENTS.get(model)
 
 
 def mark_preempted(where: str) -> None:

@@ -42,7 +42,9 @@ which is backed up with the batch to resume from (`resume_batch` in the
 metadata); the next start resumes there, mid-epoch, under our strategies: Keras'
 epoch iterator skips the batches already trained on (`_compat.data`), so with a
 deterministic input order the final weights are an uninterrupted run's. Then the
-process exits with 0 (`exit_on_preemption`).
+process exits with 0 (`exit_on_preemption`). Between workers the agreement on
+the step rides the training steps' own all-reduce, read one step late
+(`_preemption.StepAgreement`): no collective or host sync per batch here.
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_resume = None  # (epoch, batch) a preempted run resumes at
         self._kr_resume_metrics = None  # the metrics' state there
         self._kr_stopped_at = None  # (epoch, batch) of a preemption's backup
+        self._kr_agreement = _preemption.LocalAgreement(self._kr_preemption)
+        self._kr_batch = -1  # the last batch that ran
 
     # Restore ------------------------------------------------------------------
 
@@ -147,6 +151,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             self._kr_remove_orphans(keep=self._kr_referenced_files())
         self._kr_stopped_at = None
         self._kr_preemption.listen()
+        self._kr_agreement = _preemption.agree(model, self._kr_preemption)
         if state is None:
             return
         epoch, weights_path, resume_batch, self._kr_resume_metrics = state
@@ -249,6 +254,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._kr_epoch = epoch
+        self._kr_agreement.forget()
         self._kr_last_batch = -1
         if self._kr_resume is not None and self._kr_resume[0] == epoch:
             self._kr_last_batch = self._kr_resume[1] - 1  # batches before: skipped
@@ -264,13 +270,9 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._kr_resume = self._kr_resume_metrics = None
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._kr_preemption.listening and _preemption.any_worker(
-            self.model.distribute_strategy, self._kr_preemption.received is not None
-        ):
-            self._kr_back_up(self._kr_epoch, batch, resume_batch=batch + 1)
-            self._kr_stopped_at = (self._kr_epoch, batch)
-            self.model.stop_training = True
-            self._kr_preemption.stop_listening()
+        self._kr_batch = batch
+        if self._kr_agreement.stop_after_this_step():
+            self._kr_stop_for_preemption(batch)
             return
         if self.save_freq in ("epoch", False):
             return
@@ -281,7 +283,15 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             self._kr_batches_since_backup = 0
             self._kr_back_up(self._kr_epochs_done, batch, resume_batch=batch + 1)
 
+    def _kr_stop_for_preemption(self, batch: int) -> None:
+        self._kr_back_up(self._kr_epoch, batch, resume_batch=batch + 1)
+        self._kr_stopped_at = (self._kr_epoch, batch)
+        self.model.stop_training = True
+        self._kr_agreement.end()
+
     def on_epoch_end(self, epoch, logs=None):
+        if not self.preempted and self._kr_agreement.stop_at_epoch_end():
+            self._kr_stop_for_preemption(self._kr_batch)  # as after the last step
         if self.preempted:
             return  # backed up at the step; the epoch did not end
         self._kr_epochs_done = epoch + 1
@@ -331,7 +341,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         write_atomically(self._kr_path(STOCK_WEIGHTS_FILE), write)
 
     def on_train_end(self, logs=None):
-        self._kr_preemption.stop_listening()
+        self._kr_agreement.end()
         if self.preempted:
             self._kr_exit_preempted()
             return

@@ -22,7 +22,11 @@ leaves stock strategies untouched. What each builder does differently:
   workers (on the socket ring in the step's last ring call, else one collective
   per dtype), so every worker logs the same numbers; when
   `CrossReplicaMetrics` asks, a variant of the step replaces metric logs with exact
-  global-batch values (`_global_metrics`).
+  global-batch values (`_global_metrics`);
+* while a `BackupAndRestore` listens for preemption on several workers, a variant of
+  the training step takes the worker's preemption flag as an argument, averages it
+  with the logs (no collective of its own) and returns it beside them; the function
+  hands it to `_preemption.StepAgreement`, never to Keras.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
-from keras_replicator import _compat
+from keras_replicator import _compat, _preemption
 from keras_replicator._replicator_state import replicator_state
 from keras_replicator.communication import _all_reduce
 from keras_replicator.keras_integration import (
@@ -118,11 +122,14 @@ def make_predict_function(model):
 
 
 def _replica_steps(model, step, counter=None):
-    """`make(global_metrics)` -> the replica function around Keras' `step`."""
+    """`make(global_metrics, agreeing)` -> the replica function around Keras' `step`.
+
+    `agreeing`: it takes the preemption flag too and returns `(logs, agreed)`.
+    """
     across_workers = replicator_state(model.distribute_strategy).is_multi_worker
 
-    def make(global_metrics: bool):
-        def replica_step(data):
+    def make(global_metrics: bool, agreeing: bool = False):
+        def replica_step(data, *flag):
             x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
             count = _sample_count.batch_size_of(x)
             with _sample_count.counting_samples(count):
@@ -138,13 +145,26 @@ def _replica_steps(model, step, counter=None):
                 if exact
                 else outputs
             )
-            if across_workers:
+            if agreeing:  # the preemption flag rides the logs' all-reduce
+                rest, agreed = _mean_over_workers((rest, _like_logs(flag[0], rest)))
+            elif across_workers:
                 rest = _mean_over_workers(rest)
-            return {**rest, **exact} if exact else rest
+            outputs = {**rest, **exact} if exact else rest
+            return (outputs, agreed) if agreeing else outputs
 
         return replica_step
 
     return make
+
+
+def _like_logs(flag, logs):
+    """The flag in the logs' first float dtype: no collective of its own.
+
+    A new tensor in each replica: the argument itself is one object on every
+    replica, which TensorFlow's collectives would not reduce as a replica's value.
+    """
+    floats = [v for v in tree.flatten(logs) if tf.is_tensor(v) and _is_float(v)]
+    return tf.identity(tf.cast(flag, floats[0].dtype if floats else tf.float32))
 
 
 def _make_loop_function(model, make_replica_step, phase):
@@ -152,17 +172,20 @@ def _make_loop_function(model, make_replica_step, phase):
     steps_per_execution = int(model.steps_per_execution)
     variants = {}
 
-    def variant(global_metrics: bool):
-        if global_metrics not in variants:
-            replica_step = make_replica_step(global_metrics)
+    def variant(global_metrics: bool, agreeing: bool):
+        if (global_metrics, agreeing) not in variants:
+            replica_step = make_replica_step(global_metrics, agreeing)
 
             @tf.autograph.experimental.do_not_convert
-            def one_step(data):
-                outputs = strategy.run(replica_step, args=(data,))
+            def one_step(data, *flag):
+                outputs = strategy.run(replica_step, args=(data, *flag))
                 return _mean_over_replicas(strategy, outputs)
 
-            def multi_step(iterator):
-                return _loop.run_loop(one_step, iterator, steps_per_execution)
+            def multi_step(iterator, *flag):
+                def step(data):
+                    return one_step(data, *flag)
+
+                return _loop.run_loop(step, iterator, steps_per_execution)
 
             if not model.run_eagerly:
                 # No AutoGraph: the loop is written in tf.while_loop / tf.cond and
@@ -172,17 +195,26 @@ def _make_loop_function(model, make_replica_step, phase):
                 multi_step = tf.function(
                     multi_step, reduce_retracing=True, autograph=False
                 )
-            variants[global_metrics] = (one_step, multi_step)
-        return variants[global_metrics]
+            variants[global_metrics, agreeing] = (one_step, multi_step)
+        return variants[global_metrics, agreeing]
 
     def function(iterator):
-        one_step, multi_step = variant(_global_metrics.due(model, phase))
+        # A `BackupAndRestore` listening on several workers (`_preemption`).
+        agreement = _preemption.step_agreement(model) if phase == "train" else None
+        flag = () if agreement is None else (agreement.local_flag(),)
+        one_step, multi_step = variant(
+            _global_metrics.due(model, phase), agreement is not None
+        )
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            return multi_step(iterator)
-        # `train_on_batch` / `test_on_batch` pass a Python generator of one batch.
-        outputs = None
-        for data in iterator:
-            outputs = one_step(data)
+            outputs = multi_step(iterator, *flag)
+        else:
+            # `train_on_batch` / `test_on_batch` pass a Python generator of one batch.
+            outputs = None
+            for data in iterator:
+                outputs = one_step(data, *flag)
+        if agreement is not None and outputs is not None:
+            outputs, agreed = outputs
+            agreement.record(agreed)
         return outputs
 
     return function

@@ -163,3 +163,33 @@ def test_a_preempted_worker_tells_its_launcher(tmp_path, monkeypatch):
     assert not mark.exists()  # finished: nothing to tell
     _fit([BackupAndRestore(tmp_path / "b", exit_on_preemption=False), SignalAt((0, 2))])
     assert mark.read_text() == "epoch 0, after batch 2\n"
+
+
+def test_between_workers_a_steps_agreement_is_read_after_the_next_step():
+    # Issue 48, item 14: the value a step returns is never read right after that
+    # step (the read would wait for it), only after the next one or at the epoch end.
+    import tensorflow as tf
+
+    from keras_replicator import _preemption
+
+    class Model:  # what the agreement is keyed by; any object will do here
+        pass
+
+    model, preemption = Model(), _preemption.Preemption([])
+    agreement = _preemption.StepAgreement(preemption, model)
+    assert _preemption.step_agreement(model) is agreement
+    assert float(agreement.local_flag()) == 0.0
+    preemption.received = signal.SIGTERM
+    assert float(agreement.local_flag()) == 1.0
+    agreement.record(tf.constant(0.0))
+    agreement.record(tf.constant(0.5))  # this step carried a flag...
+    assert not agreement.stop_after_this_step()  # ...read after the next one
+    agreement.record(tf.constant(0.5))
+    assert agreement.stop_after_this_step()
+    agreement.forget()  # a new epoch: nothing carries over
+    assert not agreement.stop_after_this_step()
+    agreement.record(tf.constant(0.5))
+    assert not agreement.stop_after_this_step() and agreement.stop_at_epoch_end()
+    agreement.end()
+    assert _preemption.step_agreement(model) is None
+    assert not agreement.stop_at_epoch_end()

@@ -2,7 +2,8 @@
 
 SIGTERM reaches one of 2 workers in the middle of an epoch (from inside the
 worker, at a known batch, through the real handler); both workers stop after
-that step, back up at it and exit with 0; the next start resumes at the next
+the same step (one after it: the agreement rides the steps, `_preemption`),
+back up at it and exit with 0; the next start resumes at the next
 batch and ends with the weights of one device that was never stopped.
 """
 
@@ -71,31 +72,44 @@ def _stamp(output, word):
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
-    "which",
+    "which, signal_at, stop_at",
     [
-        "ours",  # kr.callbacks.BackupAndRestore on the socket ring
-        pytest.param("keras", marks=pytest.mark.slow),  # Keras' own, routed to ours
-        pytest.param("collective", marks=pytest.mark.slow),  # TF's collectives
-        pytest.param("sharded", marks=pytest.mark.slow),  # shard_weight_update
+        # kr.callbacks.BackupAndRestore on the socket ring. The flag rides the
+        # signalled step (batch 2) and is read one step late (`_preemption`):
+        # both stop after batch 3. In an epoch's last step (batch 5) it is read
+        # at the epoch's end: both stop after it.
+        ("ours", [1, 2, 1], (1, 3)),
+        ("ours", [0, 5, 0], (0, 5)),
+        # Keras' own callback (routed to ours), TF's collectives, shard_weight_update.
+        pytest.param("keras", [1, 2, 1], (1, 3), marks=pytest.mark.slow),
+        pytest.param("collective", [1, 2, 1], (1, 3), marks=pytest.mark.slow),
+        pytest.param("sharded", [1, 2, 1], (1, 3), marks=pytest.mark.slow),
     ],
 )
 def test_sigterm_to_one_of_two_workers_backs_up_at_the_step_and_resumes_exactly(
-    tmp_path, which
+    tmp_path, which, signal_at, stop_at
 ):
     expected = _one_device(which)
     backup = str(tmp_path / "backup")
     command = [sys.executable, "-c", _SCRIPT, backup]
 
-    stopped = run_workers(command + ["[1, 2, 1]", which], 2, timeout=180, echo=False)
+    stopped = run_workers(
+        command + [json.dumps(signal_at), which], 2, timeout=180, echo=False
+    )
     outputs = [w.output for w in stopped.workers]
     assert [w.returncode for w in stopped.workers] == [0, 0], outputs
     assert not any("WEIGHTS" in out for out in outputs)  # neither trained on
-    assert all("preempted" in out for out in outputs), outputs
+    where = "backed up at epoch {}, after batch {}".format(*stop_at)
+    assert all(where in out for out in outputs), outputs  # the same step on both
     # The signalled worker was out within seconds (a grace period is ~30 s).
-    assert _stamp(outputs[1], "EXITED") - _stamp(outputs[1], "SIGNALLED") < 15
+    signalled = outputs[signal_at[2]]
+    assert _stamp(signalled, "EXITED") - _stamp(signalled, "SIGNALLED") < 15
     with open(os.path.join(backup, "training_metadata.json")) as file:
         metadata = json.load(file)
-    assert (metadata["epoch"], metadata["batch"], metadata["resume_batch"]) == (1, 2, 3)
+    assert (metadata["epoch"], metadata["batch"], metadata["resume_batch"]) == (
+        *stop_at,
+        stop_at[1] + 1,
+    )
 
     resumed = run_workers(command + ["null", which], 2, timeout=180, echo=False)
     assert resumed.ok, [w.output for w in resumed.workers]
