@@ -23,15 +23,25 @@ across workers an all-reduce of "who still has data" before every step (issue
   data at different steps, and TF's distributed iterator,
   which pads the exhausted ones, stays.
 
+On a GPU the distributed iterator also copied each batch to the replica's device
+ahead of the step (a multi-device iterator prefetches to its devices). The plain
+feed keeps that: on GPUs (`_platform.platform_of`) the dataset ends with
+`tf.data.experimental.copy_to_device(replica device)` and a one-batch `prefetch`
+(what `prefetch_to_device` builds, from this worker's host), so batch i + 1 is
+copied host -> GPU while step i runs, instead of synchronously inside the step;
+one batch on the device, as TF's distributed iterator buffers by default
+(`tf.distribute.InputOptions.experimental_per_replica_buffer_size`). On CPU the
+dataset is unchanged: the replica reads host memory.
+
 Several replicas on a worker, a `tf.distribute.DistributedDataset` the user made,
-and TPUs keep the distributed iterator.
+and TPUs keep the distributed iterator (which fetches to the devices itself).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_replicator import _compat
+from keras_replicator import _compat, _platform
 
 # Source datasets that make `AUTO` shard by files (TF's auto-shard rewrite looks
 # for these), and the tf.data service's reader: with them, worker counts may differ.
@@ -45,6 +55,10 @@ _FILE_SOURCES = (
 )  # prefixes: TF matches every version of these ops (`TFRecordDatasetV2`, ...)
 _SERVICE_PREFIX = "DataServiceDataset"
 _POLICY = tf.data.experimental.AutoShardPolicy
+# Batches held on the GPU ahead of the step: TF's distributed iterator's default.
+DEVICE_BUFFER_BATCHES = 1
+# Dtypes that live in host memory on a GPU (TF keeps them there).
+_HOST_DTYPES = (tf.string, tf.resource, tf.variant)
 
 
 def input_for_fit(strategy, dataset, num_batches=None, may_read_files=True):
@@ -62,7 +76,8 @@ def input_for_fit(strategy, dataset, num_batches=None, may_read_files=True):
 
     Returns:
         `dataset` or this worker's part of it when one replica per worker may be
-        fed plainly (see the module docstring), else
+        fed plainly (see the module docstring), prefetched to the replica's GPU
+        on GPUs, else
         `strategy.experimental_distribute_dataset(dataset)`.
 
     Example:
@@ -78,12 +93,49 @@ def input_for_fit(strategy, dataset, num_batches=None, may_read_files=True):
     if not _one_replica_per_worker(strategy):
         return strategy.experimental_distribute_dataset(dataset)
     if not _compat.in_multi_worker_mode(strategy):
-        return dataset
+        return to_replica_device(strategy, dataset)
     distributed = strategy.experimental_distribute_dataset(dataset)
     if not same_batch_count_on_every_worker(dataset, num_batches, may_read_files):
         return distributed
     local = _compat.data.worker_dataset(distributed)
-    return distributed if local is None else local
+    return distributed if local is None else to_replica_device(strategy, local)
+
+
+def to_replica_device(strategy, dataset):
+    """`dataset`, prefetched to the one local replica's device on GPUs.
+
+    Args:
+        strategy: A strategy with one replica on this worker.
+        dataset: The `tf.data.Dataset` that replica is fed plainly.
+
+    Returns:
+        On GPUs, `dataset` copied to the replica's device from this worker's
+        host and buffered there (`DEVICE_BUFFER_BATCHES` batches); elsewhere,
+        or when an element holds what GPU memory cannot (strings, ragged or
+        sparse components, which the step's own ops place), `dataset` itself.
+
+    Example:
+
+    >>> import keras_replicator as kr
+    >>> data = tf.data.Dataset.range(4).batch(2)
+    >>> to_replica_device(kr.MultiDeviceReplicator(num_replicas=1), data) is data
+    True
+    """
+    if _platform.platform_of(strategy) != _platform.GPU:
+        return dataset
+    if not all(
+        type(spec) is tf.TensorSpec and spec.dtype not in _HOST_DTYPES
+        for spec in tf.nest.flatten(dataset.element_spec)
+    ):
+        return dataset
+    (device,) = strategy.extended.worker_devices
+    # `prefetch_to_device` is this copy and buffer, but copies from "/cpu:0":
+    # named in full, the source is this worker's host, wherever TF resolves it.
+    host = tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0)
+    copied = dataset.apply(
+        tf.data.experimental.copy_to_device(device, source_device=host.to_string())
+    )
+    return copied.prefetch(DEVICE_BUFFER_BATCHES)
 
 
 def same_batch_count_on_every_worker(

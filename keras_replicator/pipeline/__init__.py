@@ -4,6 +4,7 @@
 through them (`gpipe`); `balance_by_size` and `balance_by_time` choose the cut.
 Inside: `_partition` (the chain and the cut), `_microbatch` (split / join),
 `_schedule` (fill-drain clocks), `_stage` (a stage as a pure function),
+`_placement` (which devices each replica on a worker runs its stages on),
 `_checkpoint` (re-materialization), `_batchnorm` (deferred moving statistics).
 """
 

@@ -20,11 +20,10 @@ from keras_replicator.pipeline import _batchnorm
 
 
 class Stage:
-    """The layers of one stage and the device it runs on."""
+    """The layers of one stage (the device is the caller's: one per replica)."""
 
-    def __init__(self, layers: list, device: str):
+    def __init__(self, layers: list):
         self.layers = layers
-        self.device = device
 
     @property
     def trainable_variables(self) -> list:
@@ -71,18 +70,18 @@ class Stage:
             s += ns
         return x, (new_state, bn_stats)
 
-    def read(self):
-        """The current weight and state values, read on the stage's device."""
-        with tf.device(self.device):
+    def read(self, device: str):
+        """The current weight and state values, read on `device`."""
+        with tf.device(device):
             weights = [tf.convert_to_tensor(v.value) for v in self.trainable_variables]
             state = [
                 tf.convert_to_tensor(v.value) for v in self.non_trainable_variables
             ]
         return weights, state
 
-    def commit(self, state: list, bn_stats_per_microbatch: list) -> None:
+    def commit(self, device: str, state: list, bn_stats_per_microbatch: list) -> None:
         """Assigns the stage's state after the last micro-batch of a mini-batch."""
-        with tf.device(self.device):
+        with tf.device(device):
             for variable, value, deferred in zip(
                 self.non_trainable_variables, state, self.deferred_mask()
             ):

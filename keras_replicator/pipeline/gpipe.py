@@ -5,8 +5,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_replicator import _platform
 from keras_replicator._arguments import check_int
-from keras_replicator.pipeline import _microbatch, _partition, _schedule
+from keras_replicator.pipeline import _microbatch, _partition, _placement, _schedule
 from keras_replicator.pipeline._checkpoint import BackwardChain, checkpointed
 from keras_replicator.pipeline._stage import Stage
 
@@ -30,9 +31,12 @@ class GPipe(keras.Model):
     callbacks, `save("m.keras")` and `keras.models.load_model` work, and it can be
     built in a Replicator's scope for pipeline x data parallelism (each replica
     runs the whole pipeline on its local devices; gradients are all-reduced once
-    per mini-batch). It uses the given layers themselves: the wrapped model and
-    the pipeline share weights. `get_weights` / `set_weights` follow the wrapped
-    model's order, so weights move between the plain model and its pipeline.
+    per mini-batch). With several replicas on a worker's GPUs each replica runs
+    its stages on GPUs of its own: its own GPU, then its share of the GPUs that
+    are no replica's (see `keras_replicator/pipeline/_placement.py`). It uses the
+    given layers themselves: the wrapped model and the pipeline share weights.
+    `get_weights` / `set_weights` follow the wrapped model's order, so weights
+    move between the plain model and its pipeline.
 
     Batch norm: each micro-batch is normalized with its own statistics, and the
     moving statistics move once per mini-batch with the whole mini-batch's
@@ -60,7 +64,8 @@ class GPipe(keras.Model):
 
     Raises:
         ValueError: for a `balance` that does not sum to the number of layers,
-            more stages than devices, an unknown `checkpoint`, a non-positive
+            more stages than devices (per replica, with several replicas on a
+            worker's GPUs), an unknown `checkpoint`, a non-positive
             `num_microbatches`, or a model with branches that cannot be cut.
 
     Example:
@@ -94,9 +99,11 @@ class GPipe(keras.Model):
                 f"Received: checkpoint={checkpoint!r}."
             )
         available = _local_devices() if devices is None else list(devices)
+        groups = _device_groups(available)
         if balance is None:
-            balance = _partition.even_balance(len(layers), len(available))
+            balance = _partition.even_balance(len(layers), min(len(g) for g in groups))
         balance = _partition.check_balance(balance, len(layers))
+        _check_devices_per_replica(len(balance), available)
         if len(balance) > len(available):
             raise ValueError(
                 f"`balance` asks for {len(balance)} stages but there are only "
@@ -109,14 +116,11 @@ class GPipe(keras.Model):
         self.balance = balance
         self.num_microbatches = num_microbatches
         self.checkpoint = checkpoint
-        self.devices = available[: len(balance)]
+        # The first local replica's stage devices (all of them: one replica).
+        self.devices = groups[0][: len(balance)]
+        self._available = available
         self._devices_argument = None if devices is None else list(devices)
-        self._stages = [
-            Stage(stage_layers, device)
-            for stage_layers, device in zip(
-                _partition.split(layers, balance), self.devices
-            )
-        ]
+        self._stages = [Stage(x) for x in _partition.split(layers, balance)]
         self._built_input_shape = None
         input_shape = _known_input_shape(model_or_layers)
         if input_shape is not None:
@@ -140,19 +144,20 @@ class GPipe(keras.Model):
         values = [None] * len(self._stages)
         bn_stats = [[] for _ in self._stages]
         chains = [BackwardChain() for _ in self._stages]
+        devices = self._replica_stage_devices()
         for clock in _schedule.clock_cycles(len(microbatches), len(self._stages)):
             for i, k in clock:
                 stage = self._stages[k]
                 if values[k] is None:
-                    values[k] = stage.read()
+                    values[k] = stage.read(devices[k])
                 weights, state = values[k]
-                with tf.device(stage.device):
+                with tf.device(devices[k]):
                     if training and self._checkpoints(i, len(microbatches)):
                         y, (state, stats) = checkpointed(
                             lambda x, w, s=state, st=stage: st.run(x, w, s, True),
                             outputs[i],
                             weights,
-                            stage.device,
+                            devices[k],
                             chains[k],
                         )
                     else:
@@ -163,9 +168,18 @@ class GPipe(keras.Model):
                 values[k] = (weights, state)
                 bn_stats[k].append(stats)
         if training:
-            for stage, (_, state), stats in zip(self._stages, values, bn_stats):
-                stage.commit(state, stats)
+            for k, (stage, (_, state), stats) in enumerate(
+                zip(self._stages, values, bn_stats)
+            ):
+                stage.commit(devices[k], state, stats)
         return _microbatch.join(outputs)
+
+    def _replica_stage_devices(self) -> list[str]:
+        """The stage devices of the replica whose step is being built."""
+        groups = _device_groups(self._available)
+        _check_devices_per_replica(len(self._stages), self._available)
+        group = groups[_placement.local_replica(len(groups))]
+        return group[: len(self._stages)]
 
     def _checkpoints(self, microbatch: int, num_microbatches: int) -> bool:
         if self.checkpoint == "always":
@@ -219,6 +233,25 @@ def _known_input_shape(model_or_layers):
         ):
             return shape
     return None
+
+
+def _device_groups(available) -> list[list[str]]:
+    # The strategy in scope (in a replica context: the one running the step).
+    strategy = tf.distribute.get_strategy()
+    return _placement.device_groups(
+        available,
+        _placement.replica_devices(strategy),
+        _platform.platform_of(strategy),
+    )
+
+
+def _check_devices_per_replica(num_stages: int, available) -> None:
+    strategy = tf.distribute.get_strategy()
+    replicas = _placement.replica_devices(strategy)
+    if not _placement.shares_out(replicas, _platform.platform_of(strategy)):
+        return
+    if num_stages > min(len(g) for g in _device_groups(available)):
+        raise _placement.too_few_devices_error(num_stages, replicas, available)
 
 
 def _local_devices() -> list[str]:
