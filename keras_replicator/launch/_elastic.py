@@ -33,13 +33,11 @@ when each process starts; here each size is simply a new group with fresh ports.
 from __future__ import annotations
 
 import itertools
-import os
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
 
+from keras_replicator.launch._bounded_run import run_bounded
 from keras_replicator.launch._output import note
 
 DiscoverHook = str | Callable[[], Iterable[str]]
@@ -194,27 +192,10 @@ def resize_wanted(running, latest, most: int, fewest: int) -> bool:
 
 def _run_command(command: str) -> list[str]:
     """The command's output lines; its whole process group ends on a timeout."""
-    process = subprocess.Popen(
-        command,
-        shell=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = process.communicate(timeout=_DISCOVER_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.communicate()
-        raise
-    if process.returncode != 0:
+    returncode, out, err = run_bounded(command, _DISCOVER_TIMEOUT, shell=True)
+    if returncode != 0:
         detail = (err or out).strip().splitlines()[-1:] or [""]
-        raise RuntimeError(f"exit code {process.returncode} {detail[0]}".strip())
+        raise RuntimeError(f"exit code {returncode} {detail[0]}".strip())
     return out.splitlines()
 
 

@@ -41,13 +41,12 @@ task (a Kubernetes pod) keeps the GPUs its scheduler gave it. So
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from keras_replicator.launch._bounded_run import run_bounded
 from keras_replicator.launch._runner import WorkerSpec
 
 VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
@@ -124,7 +123,7 @@ def visible_gpus(
     if program is None:
         return VisibleGpus((), "no nvidia-smi on PATH")
     try:
-        code, out = _run_bounded([program, *_NVIDIA_SMI[1:]], NVIDIA_SMI_SECONDS)
+        code, out, _ = run_bounded([program, *_NVIDIA_SMI[1:]], NVIDIA_SMI_SECONDS)
     except (OSError, subprocess.SubprocessError) as error:
         return VisibleGpus((), f"nvidia-smi failed ({type(error).__name__})")
     if code != 0:
@@ -133,28 +132,6 @@ def visible_gpus(
         line.strip() for line in out.splitlines() if re.fullmatch(r"\s*\d+\s*", line)
     )
     return VisibleGpus(ids, "nvidia-smi")
-
-
-def _run_bounded(command: list[str], seconds: float) -> tuple[int, str]:
-    """Exit code and stdout; a hung driver's whole process group is killed."""
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = process.communicate(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.communicate()
-        raise
-    return process.returncode, out
 
 
 def assign_gpus(
