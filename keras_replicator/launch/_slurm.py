@@ -5,10 +5,12 @@ launcher must not). It asks TensorFlow's own `SlurmClusterResolver` for the
 cluster, so node lists, tasks per node and ports follow TensorFlow's rules.
 
 On nodes without NVIDIA GPUs the stock resolver fails (it runs `nvidia-smi` to
-count GPUs, then divides by zero GPUs per task); there we tell it one pseudo-GPU
-per task and not to touch `CUDA_VISIBLE_DEVICES`, which yields the same cluster.
-Prints one JSON line: `{"tf_config": {...}, "env": {...}}`, where `env` carries
-the GPU assignment the resolver made for this task.
+count GPUs, then divides by zero GPUs per task), and when `srun` bound GPUs to
+each task (`--gpus-per-task`, `--gpu-bind`) it would undo Slurm's binding; in both
+cases it derives only the cluster and leaves `CUDA_VISIBLE_DEVICES` alone (the
+rule: `keras_replicator._slurm_gpus`). Prints one JSON line:
+`{"tf_config": {...}, "env": {...}}`, where `env` carries this task's GPUs
+(TensorFlow's assignment on a node-wide view, else Slurm's).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import json
 import os
 import shutil
 import sys
+
+from keras_replicator import _slurm_gpus
 
 
 def _has_nvidia_gpus() -> bool:
@@ -35,16 +39,9 @@ def main(argv=None) -> int:
 
     resolver_class = tf.distribute.cluster_resolver.SlurmClusterResolver
     try:
-        if _has_nvidia_gpus():
-            resolver = resolver_class(port_base=args.port_base)
-        else:
-            tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-            resolver = resolver_class(
-                port_base=args.port_base,
-                gpus_per_node=tasks,
-                gpus_per_task=1,
-                auto_set_gpu=False,
-            )
+        resolver = resolver_class(
+            port_base=args.port_base, **_slurm_gpus.resolver_arguments()
+        )
         cluster = resolver.cluster_spec().as_dict()
     except (RuntimeError, KeyError, ValueError) as error:
         print(f"{type(error).__name__}: {error}", file=sys.stderr)

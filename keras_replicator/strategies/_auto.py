@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import warnings
 
 import tensorflow as tf
 
-from keras_replicator import _tf_config
+from keras_replicator import _slurm_gpus, _tf_config
 from keras_replicator.strategies import _cluster_config, _devices
 from keras_replicator.strategies.multi_device import MultiDeviceReplicator
 from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
@@ -25,13 +24,24 @@ def _slurm_cluster() -> bool:
 
 
 def _slurm_resolver():
-    # SlurmClusterResolver() runs nvidia-smi to count GPUs and fails on CPU nodes;
-    # there, give it one task per "GPU" slot and let it set no devices.
+    # SlurmClusterResolver() runs nvidia-smi to count GPUs and fails on CPU nodes,
+    # and it would undo GPUs `srun` bound per task; in both cases it derives only
+    # the cluster and leaves CUDA_VISIBLE_DEVICES alone (see _slurm_gpus).
     resolver_class = tf.distribute.cluster_resolver.SlurmClusterResolver
-    if os.environ.get("CUDA_VISIBLE_DEVICES") or shutil.which("nvidia-smi"):
-        return resolver_class()
-    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", os.environ["SLURM_NTASKS"]))
-    return resolver_class(gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False)
+    arguments = _slurm_gpus.resolver_arguments()
+    resolver = resolver_class(**arguments)
+    if arguments and _slurm_gpus.slurm_bound_gpus() is None:
+        # A node without GPUs: the resolver's one pseudo-GPU per task is only
+        # how its cluster is derived; the strategy must see none (it would
+        # place replicas on a /gpu:0 that does not exist, and run NCCL).
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            resolver.cluster_spec(),
+            task_type=resolver.task_type,
+            task_id=resolver.task_id,
+            num_accelerators={},
+            rpc_layer=resolver.rpc_layer,
+        )
+    return resolver
 
 
 def auto(num_replicas: int | None = None, *, verbose: bool = True):
