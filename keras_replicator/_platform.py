@@ -83,6 +83,34 @@ def platform_of(strategy) -> str:
     return platform_of_devices(devices)
 
 
+def virtual_gpus_in_use() -> bool:
+    """Whether this process split a GPU into logical GPUs (more logical than
+    physical): TensorFlow's own test for keeping RING there
+    (`MirroredStrategy`), since NCCL refuses two ranks on one GPU. Starts
+    TensorFlow's runtime if it has not started.
+    """
+    logical = len(tf.config.list_logical_devices("GPU"))
+    return logical > len(tf.config.list_physical_devices("GPU"))
+
+
+def nccl_usable(strategy) -> bool:
+    """Whether `strategy`'s collectives may run NCCL.
+
+    GPU replicas, each on a GPU of its own: not logical GPUs split from one
+    (`num_replicas` above the GPUs), nor GPUs `keras-replicator launch` made
+    workers share. Our strategies record it (`ReplicatorState.nccl`).
+
+    Example:
+    >>> import tensorflow as tf
+    >>> nccl_usable(tf.distribute.get_strategy())
+    False
+    """
+    state = replicator_state(strategy)
+    if state is not None and state.nccl is not None:
+        return state.nccl
+    return platform_of(strategy) == GPU and not virtual_gpus_in_use()
+
+
 def collective_hint(platform: str) -> str:
     """The `communication_hint` for TensorFlow's collective ops on `platform`.
 

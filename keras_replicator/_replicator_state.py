@@ -79,6 +79,9 @@ class ReplicatorState:
         platform: `"CPU"`, `"GPU"` or `"TPU"`: what the replicas run on, set by
             the constructor where the devices are known (`keras_replicator.
             _platform`), or None (read from the strategy's devices).
+        nccl: Whether the collectives may run NCCL: GPU replicas, each on a
+            GPU of its own (not logical GPUs split from one, nor GPUs the
+            launcher made workers share), or None (`_platform.nccl_usable`).
         hierarchy: The hierarchical all-reduce's counters and ordering tokens
             (`communication/_hierarchy`), made on first use.
         step_functions: Compiled `run_steps` loops, by their arguments.
@@ -98,6 +101,7 @@ class ReplicatorState:
     partitioner: Any = None
     resolver: Any = None
     platform: str | None = None
+    nccl: bool | None = None
     hierarchy: Any = None
     step_functions: dict = dataclasses.field(default_factory=dict)
     sample_counts: dict = dataclasses.field(default_factory=dict)

@@ -11,6 +11,10 @@ names they share live here, in a module of the standard library only.
   slot (one line of the discovery command's output) this worker runs in, e.g. a
   GPU index to put in `CUDA_VISIBLE_DEVICES`.
 
+- `KERAS_REPLICATOR_SHARED_GPUS`: `1` when the launcher made workers share GPUs
+  (fewer GPUs than workers): NCCL refuses two ranks on one GPU, so the workers
+  keep TensorFlow's RING collectives (`strategies/multi_worker.py`).
+
 Example:
 >>> from keras_replicator._worker_env import PREEMPTED_FILE_ENV
 >>> PREEMPTED_FILE_ENV
@@ -19,3 +23,4 @@ Example:
 
 PREEMPTED_FILE_ENV = "KERAS_REPLICATOR_PREEMPTED_FILE"
 SLOT_ENV = "KERAS_REPLICATOR_SLOT"
+SHARED_GPUS_ENV = "KERAS_REPLICATOR_SHARED_GPUS"

@@ -39,7 +39,8 @@ Modules, by what they patch or read:
 - `saving`: Keras' own saving, ModelCheckpoint, BackupAndRestore, TensorBoard on
   several workers.
 - `parameter_server`: fit / evaluate / predict on `ParameterServerStrategy`.
-- `strategy`: tf.distribute internals (collective keys, multi-worker mode).
+- `strategy`: tf.distribute internals (collective keys, multi-worker mode, the
+  ordering token of its NCCL collectives).
 - `layers`: the batch-norm `_moments` hook.
 
 And the machinery: `_inventory` (the table), `_installer` (install once, after the
@@ -82,6 +83,7 @@ try:
     )
     from keras_replicator._compat.saving import WORKER_FILES_DIGESTS
     from keras_replicator._compat.strategy import (
+        collective_ordering_token,
         in_multi_worker_mode,
         is_replicator,
         is_replicator_current,
@@ -171,6 +173,7 @@ __all__ = [
     "check_upstream",
     "check_versions",
     "closure_queue_state",
+    "collective_ordering_token",
     "in_keras_symbolic_build",
     "in_multi_worker_mode",
     "initial_epoch_of",

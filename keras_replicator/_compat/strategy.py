@@ -103,6 +103,41 @@ def wait_for_every_worker(barrier_id: str, timeout_seconds: float) -> None:
     context.context().wait_at_barrier(barrier_id, int(timeout_seconds * 1000))
 
 
+def collective_ordering_token(strategy, device: str):
+    """The ordering token of `strategy`'s own collectives on `device`, or None.
+
+    NCCL needs every device to launch its collectives in one order, which
+    TensorFlow gets from one resource handle per device passed as each
+    collective's `ordering_token` (automatic control dependencies chain the ops
+    that share it: cross_device_ops.py, "the lack of mechanism to order NCCL
+    operations deterministically"). Our native NCCL collectives
+    (`communication/_hierarchy`) must join that chain, or a device could
+    launch ours and the strategy's in different orders and the ranks wait for
+    each other. The handle lives in `CollectiveAllReduce._launchers` (one
+    `CollectiveReplicaLauncher` per device); no public API exposes it. None in
+    a TF1-style graph (TensorFlow then orders by control inputs) or where the
+    strategy's cross-device ops are not `CollectiveAllReduce`.
+    """
+    from tensorflow.python.distribute import cross_device_ops, device_util
+
+    extended = strategy.extended
+    for name in ("_collective_ops", "_cross_device_ops"):
+        ops = getattr(extended, name, None)
+        if isinstance(ops, cross_device_ops.CollectiveAllReduce):
+            break
+    else:
+        return None
+    wanted = tf.DeviceSpec.from_string(device_util.canonicalize(device))
+    for own, launcher in zip(ops._devices, ops._launchers):
+        spec = tf.DeviceSpec.from_string(own)
+        if (spec.device_type, spec.device_index) == (
+            wanted.device_type,
+            wanted.device_index,
+        ):
+            return launcher._get_ordering_token()
+    return None
+
+
 def check_upstream() -> dict[str, str]:
     """{name: what changed} for the tf.distribute internals read here."""
     changed = {}
@@ -126,6 +161,15 @@ def check_upstream() -> dict[str, str]:
     for module in (mirrored_strategy, collective_all_reduce_strategy):
         if "container_strategy._collective_key_base" not in inspect.getsource(module):
             changed[module.__name__] = "no longer reads `_collective_key_base`"
+    from tensorflow.python.distribute import cross_device_ops, cross_device_utils
+
+    launcher = cross_device_utils.CollectiveReplicaLauncher
+    if not callable(getattr(launcher, "_get_ordering_token", None)):
+        changed["CollectiveReplicaLauncher._get_ordering_token"] = "missing"
+    source = inspect.getsource(cross_device_ops.CollectiveAllReduce.__init__)
+    for attribute in ("self._launchers", "self._devices"):
+        if attribute not in source:
+            changed[f"CollectiveAllReduce.{attribute[5:]}"] = "no longer set"
     extended = mirrored_strategy.MirroredExtended
     if not callable(getattr(extended, "_in_multi_worker_mode", None)):
         changed["MirroredExtended._in_multi_worker_mode"] = "missing"

@@ -43,8 +43,8 @@ metadata); the next start resumes there, mid-epoch, under our strategies: Keras'
 epoch iterator skips the batches already trained on (`_compat.data`), so with a
 deterministic input order the final weights are an uninterrupted run's. Then the
 process exits with 0 (`exit_on_preemption`). Between workers the agreement on
-the step rides the training steps' own all-reduce, read one step late
-(`_preemption.StepAgreement`): no collective or host sync per batch here.
+the step rides the training steps' own all-reduce, read one step late (an
+epoch's last before its validation): no host sync per batch (`StepAgreement`).
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     # Back up ------------------------------------------------------------------
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._kr_epoch = epoch
+        self._kr_epoch, self._kr_in_epoch = epoch, True
         self._kr_agreement.forget()
         self._kr_last_batch = -1
         if self._kr_resume is not None and self._kr_resume[0] == epoch:
@@ -289,10 +289,15 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self.model.stop_training = True
         self._kr_agreement.end()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_test_begin(self, logs=None):
+        if getattr(self, "_kr_in_epoch", False):  # `fit`'s validation
+            self.on_epoch_end(self._kr_epoch, None, stop_only=True)
+
+    def on_epoch_end(self, epoch, logs=None, stop_only=False):
+        self._kr_in_epoch = stop_only
         if not self.preempted and self._kr_agreement.stop_at_epoch_end():
             self._kr_stop_for_preemption(self._kr_batch)  # as after the last step
-        if self.preempted:
+        if self.preempted or stop_only:
             return  # backed up at the step; the epoch did not end
         self._kr_epochs_done = epoch + 1
         if self.save_freq == "epoch":

@@ -28,7 +28,9 @@ different things (range versus precision):
   every sum in range.
 * **TPUs**: bfloat16 is the chip's own 16-bit type; float16 is emulated, so
   ``"fp16"`` is refused: use ``"bf16"``.
-* **CPUs**: both (TensorFlow's ring sums any float type).
+* **CPUs**: both (TensorFlow's ring sums any float type), and so do GPUs that
+  keep TensorFlow's RING (logical GPUs split from one, GPUs shared by workers:
+  NCCL refuses two ranks on one GPU, `_platform.nccl_usable`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ _REFUSED = {
 _FP16_TARGET = 2.0**15  # below float16's max (65504), a power of two
 
 
-def check_wire_format(compression, platform: str) -> None:
+def check_wire_format(compression, platform: str, *, nccl: bool | None = None) -> None:
     """Refuses a wire format that `platform`'s collectives cannot sum.
 
     Call it where the platform is known: a strategy's constructor, or the
@@ -65,6 +67,9 @@ def check_wire_format(compression, platform: str) -> None:
         compression: `AllReduceOptions.compression`: `None`, `"fp16"` or
             `"bf16"`.
         platform: `"CPU"`, `"GPU"` or `"TPU"` (`_platform.platform_of`).
+        nccl: Whether the GPU collectives run NCCL (`_platform.nccl_usable`);
+            GPUs that keep TensorFlow's RING (logical or shared GPUs) sum
+            bfloat16. Defaults to `None`: NCCL on GPUs.
 
     Raises:
         ValueError: `"bf16"` on GPUs, `"fp16"` on TPUs, naming the replacement.
@@ -76,6 +81,8 @@ def check_wire_format(compression, platform: str) -> None:
     ...
     ValueError: `compression='bf16'` cannot travel on GPU replicas: GPU ...
     """
+    if platform == _platform.GPU and nccl is False:
+        return  # TensorFlow's RING sums any float type, as on CPUs
     refused = _REFUSED.get((compression, platform))
     if refused is None:
         return

@@ -38,7 +38,7 @@ safe to call from a replica:
   device* (without a token it chains every collective of every replica into one
   sequence, and replica 0's first collective waits forever for replica 1's).
 * **NCCL on GPUs.** A collective placed on a GPU carries
-  ``communication_hint="nccl"`` (`_platform.collective_hint`): TensorFlow runs
+  ``communication_hint="nccl"`` (`_platform.nccl_usable`): TensorFlow runs
   NCCL only when asked (``"auto"`` gives a GPU collective the RING
   implementation, and reduce-scatter no implementation at all:
   `collective_param_resolver_local.cc`, ``AssignCollectiveType``). Elsewhere
@@ -85,7 +85,7 @@ import weakref
 
 import tensorflow as tf
 
-from keras_replicator import _platform
+from keras_replicator import _compat, _platform
 from keras_replicator._replicator_state import replicator_state
 
 # Offset of our group keys from the strategy's collective key base; the stock
@@ -229,6 +229,7 @@ class _Collectives:
 
     def __init__(self, strategy, position: Grid, timeout, key_offset: int = 0):
         self._state = _state_of(strategy)
+        self._strategy = strategy
         self._position = position
         self._timeout = 0.0 if timeout is None else float(timeout)
         # Replica ids are worker-major, so this replica's local device is:
@@ -236,18 +237,31 @@ class _Collectives:
         self._device = local[
             (position.row * position.row_size + position.column) % len(local)
         ]
-        self._platform = _platform.device_platform(self._device)
+        # NCCL on a GPU of its own; TensorFlow's RING on logical or shared
+        # GPUs (NCCL refuses two ranks on one GPU) and on CPUs.
+        self._nccl = _platform.device_platform(
+            self._device
+        ) == _platform.GPU and _platform.nccl_usable(strategy)
         base = getattr(strategy, "_collective_key_base", 0) + _GROUP_KEY_OFFSET
         self._row_key = base + key_offset + position.row
         self._column_key = base + _COLUMN_KEY_OFFSET + position.column
+
+    def _token(self):
+        # NCCL: on the strategy's own chain, so each device launches ours and
+        # its collectives in one order (`_compat.collective_ordering_token`).
+        if self._nccl:
+            token = _compat.collective_ordering_token(self._strategy, self._device)
+            if token is not None:
+                return token
+        return self._state.token(self._device)
 
     def _common(self, key):
         return dict(
             group_key=key,
             instance_key=self._state.next_instance_key(self._position, key),
-            ordering_token=[self._state.token(self._device)],
+            ordering_token=[self._token()],
             timeout_seconds=self._timeout,
-            communication_hint=_platform.collective_hint(self._platform),
+            communication_hint="nccl" if self._nccl else "auto",
         )
 
     def row_all_reduce(self, x):
@@ -277,9 +291,10 @@ class _Collectives:
         k = self._position.row_size
         if k == 1:
             return x
-        if self._platform != _platform.GPU:
+        if not self._nccl:
             # TensorFlow registers reduce-scatter for NCCL only ("did not find
-            # collective implementation" on CPU): sum the row, keep our slice.
+            # collective implementation" on CPU or RING): sum the row, keep
+            # our slice.
             total = self.row_all_reduce(x)
             return tf.split(total, k)[self._position.column]
         return tf.raw_ops.CollectiveReduceScatterV2(

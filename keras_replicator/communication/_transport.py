@@ -83,7 +83,8 @@ def transport_for(strategy, options: AllReduceOptions, context=None) -> Transpor
     """
     context = context or tf.distribute.get_replica_context()
     platform = _platform.platform_of(strategy)
-    _compression.check_wire_format(options.compression, platform)
+    nccl = _platform.nccl_usable(strategy)
+    _compression.check_wire_format(options.compression, platform, nccl=nccl)
     state = replicator_state(strategy)
     if options.transport == "socket":
         ring = None if state is None else state.transport
@@ -96,7 +97,7 @@ def transport_for(strategy, options: AllReduceOptions, context=None) -> Transpor
             )
         return SocketTransport(ring, context)
     timeout = None if state is None else state.collective_timeout
-    return CollectiveTransport(context, options, timeout, platform)
+    return CollectiveTransport(context, options, timeout, nccl=nccl)
 
 
 class SocketTransport:
@@ -184,10 +185,11 @@ class CollectiveTransport:
         context,
         options: AllReduceOptions,
         timeout=None,
-        platform: str = _platform.CPU,
+        *,
+        nccl: bool = False,
     ):
         self._context = context
-        self._platform = platform
+        self._nccl = nccl
         self._hierarchy = options.hierarchy
         self._group_size = options.group_size
         self._timeout = timeout
@@ -210,7 +212,7 @@ class CollectiveTransport:
         Elsewhere, or under a hierarchy, an all-reduce and this replica's row:
         correct, no saving of bytes.
         """
-        if self._hierarchy is None and _platform.runs_nccl(self._platform):
+        if self._hierarchy is None and self._nccl:
             return _hierarchy.reduce_scatter_over_replicas(matrix, self._timeout)
         summed = self._sum(tf.reshape(matrix, [-1]))
         replica = self._context.replica_id_in_sync_group

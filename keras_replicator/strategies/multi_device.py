@@ -73,9 +73,13 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
         platform = _platform.platform_of_devices(
             [getattr(d, "name", d) for d in devices]  # strings or LogicalDevices
         )
-        _compression.check_wire_format(options.compression, platform)
+        # Logical GPUs split from one keep TensorFlow's RING (as its own
+        # MirroredStrategy does): NCCL refuses two ranks on one GPU.
+        nccl = platform == _platform.GPU and not _platform.virtual_gpus_in_use()
+        _compression.check_wire_format(options.compression, platform, nccl=nccl)
         state = self._register_state()
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
         state.platform = _platform.platform_of_devices(self.extended.worker_devices)
+        state.nccl = nccl
         state.options = dataclasses.replace(options, transport="collective")
         state.is_multi_worker = _compat.in_multi_worker_mode(self)

@@ -5,7 +5,9 @@ Two choices differ by the workers' platform (`communication_options_for`):
 * **Implementation.** TensorFlow's `CommunicationOptions()` is AUTO, which on
   GPU workers runs its RING collectives, not NCCL (NCCL only when hinted:
   `collective_param_resolver_local.cc`, ``AssignCollectiveType``). On GPU
-  workers we ask for NCCL unless the user named an implementation.
+  workers we ask for NCCL unless the user named an implementation, or the
+  launcher made workers share GPUs (`KERAS_REPLICATOR_SHARED_GPUS`: NCCL
+  refuses two ranks on one GPU, so they keep RING, and its timeout).
 * **Timeout.** A per-collective timeout is documented by TensorFlow as a
   debugging aid that costs a thread per collective (`collective_util.py`,
   ``timeout_seconds``), and a first GPU step (XLA compilation, cuDNN autotuning,
@@ -35,6 +37,7 @@ import os
 import tensorflow as tf
 
 from keras_replicator import _compat, _platform, _tf_config
+from keras_replicator._worker_env import SHARED_GPUS_ENV
 from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
 from keras_replicator.communication.ring import _socket_ring
@@ -58,13 +61,16 @@ def _asked_timeout() -> float | None:
         ) from None
 
 
-def collective_timeout_for(collective_timeout, platform: str) -> float | None:
-    """Seconds each collective may wait: as asked, else 60 (none on GPUs).
+def collective_timeout_for(
+    collective_timeout, platform: str, nccl: bool | None = None
+) -> float | None:
+    """Seconds each collective may wait: as asked, else 60 (none under NCCL).
 
     Args:
         collective_timeout: The timeout the user asked for (argument or
             environment), or `None`.
         platform: The workers' platform (`_platform.CPU` / `GPU` / `TPU`).
+        nccl: Whether the collectives run NCCL. Defaults to `None`: on GPUs.
 
     Returns:
         The per-collective timeout, or `None` for none.
@@ -75,21 +81,28 @@ def collective_timeout_for(collective_timeout, platform: str) -> float | None:
     """
     if collective_timeout is not None:
         return float(collective_timeout)
-    return None if _platform.runs_nccl(platform) else DEFAULT_COLLECTIVE_TIMEOUT
+    if nccl is None:
+        nccl = _platform.runs_nccl(platform)
+    return None if nccl else DEFAULT_COLLECTIVE_TIMEOUT
 
 
-def communication_options_for(user_options, collective_timeout, platform: str):
+def communication_options_for(
+    user_options, collective_timeout, platform: str, nccl: bool | None = None
+):
     """The `CommunicationOptions` a `MultiWorkerReplicator` builds its parent with.
 
-    NCCL on GPU workers unless `user_options` names an implementation; the
-    user's timeout if set, else `collective_timeout_for`. See the module
-    docstring for why.
+    NCCL on GPU workers unless `user_options` names an implementation or the
+    workers share GPUs; the user's timeout if set, else
+    `collective_timeout_for`. See the module docstring for why.
 
     Args:
         user_options: The user's `tf.distribute.experimental.CommunicationOptions`,
             or `None`.
         collective_timeout: The timeout the user asked for, or `None`.
         platform: The workers' platform (`local_platform`).
+        nccl: Whether NCCL may run (`False` where `keras-replicator launch`
+            made workers share GPUs: NCCL refuses two ranks on one GPU).
+            Defaults to `None`: on GPUs.
 
     Returns:
         A `tf.distribute.experimental.CommunicationOptions`.
@@ -102,11 +115,14 @@ def communication_options_for(user_options, collective_timeout, platform: str):
     implementations = tf.distribute.experimental.CommunicationImplementation
     user = user_options or tf.distribute.experimental.CommunicationOptions()
     implementation = user.implementation
-    if implementation == implementations.AUTO and _platform.runs_nccl(platform):
+    if nccl is None:
+        nccl = _platform.runs_nccl(platform)
+    if implementation == implementations.AUTO and nccl:
         implementation = implementations.NCCL
+    runs_nccl = implementation == implementations.NCCL
     timeout = user.timeout_seconds
     if timeout is None:
-        timeout = collective_timeout_for(collective_timeout, platform)
+        timeout = collective_timeout_for(collective_timeout, platform, runs_nccl)
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=user.bytes_per_pack,
         timeout_seconds=timeout,
@@ -200,7 +216,14 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                 f"Received: collective_timeout={collective_timeout!r}."
             )
         platform = local_platform(cluster_resolver)
-        _compression.check_wire_format(options.compression, platform)
+        parent_options = communication_options_for(
+            communication_options,
+            collective_timeout,
+            platform,
+            nccl=_platform.runs_nccl(platform) and not os.environ.get(SHARED_GPUS_ENV),
+        )
+        nccl = parent_options.implementation.value == "NCCL"
+        _compression.check_wire_format(options.compression, platform, nccl=nccl)
         if options.transport == "socket" and platform != _platform.CPU:
             raise ValueError(
                 "`transport='socket'` is the ring between CPU workers: on "
@@ -208,16 +231,15 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                 "device inside the step. Received: transport='socket' on "
                 f"{platform} workers. Use transport=None or 'collective' (NCCL)."
             )
-        timeout = collective_timeout_for(collective_timeout, platform)
+        # Our own collectives (hierarchy, sharded update) wait as the parent's.
+        timeout = parent_options.timeout_seconds
         state = self._register_state()
         super().__init__(
-            cluster_resolver=cluster_resolver,
-            communication_options=communication_options_for(
-                communication_options, collective_timeout, platform
-            ),
+            cluster_resolver=cluster_resolver, communication_options=parent_options
         )
         state.collective_timeout = timeout
         state.platform = _platform.platform_of_devices(self.extended.worker_devices)
+        state.nccl = nccl
         state.is_multi_worker = _compat.in_multi_worker_mode(self)
         # The exit barrier and the ring (CPU workers only) need a bound even
         # where collectives have none.

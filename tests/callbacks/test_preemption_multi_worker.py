@@ -38,8 +38,9 @@ _SCRIPT = PRELUDE + textwrap.dedent(
         kind = keras.callbacks if which == "keras" else kr.callbacks
         callbacks = [kind.BackupAndRestore(backup_dir), SignalAt()]
     try:
+        validation = (x[:16], y[:16]) if which.endswith("validated") else None
         model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
-                  callbacks=callbacks)
+                  callbacks=callbacks, validation_data=validation)
     except SystemExit:
         print(f"EXITED {time.monotonic()}", flush=True)
         raise
@@ -80,6 +81,9 @@ def _stamp(output, word):
         # at the epoch's end: both stop after it.
         ("ours", [1, 2, 1], (1, 3)),
         ("ours", [0, 5, 0], (0, 5)),
+        # ... before `fit`'s validation, which resets the metrics the backup
+        # keeps (the epoch's training sums, not the validation's).
+        ("ours-validated", [0, 5, 0], (0, 5)),
         # Keras' own callback (routed to ours), TF's collectives, shard_weight_update.
         pytest.param("keras", [1, 2, 1], (1, 3), marks=pytest.mark.slow),
         pytest.param("collective", [1, 2, 1], (1, 3), marks=pytest.mark.slow),
@@ -110,6 +114,9 @@ def test_sigterm_to_one_of_two_workers_backs_up_at_the_step_and_resumes_exactly(
         *stop_at,
         stop_at[1] + 1,
     )
+    # The loss's sums cover the epoch's batches so far: 16 samples a step.
+    counts = {path: values for path, _, values in metadata["metrics"]}
+    assert counts["loss/count"] == 16 * (stop_at[1] + 1), metadata["metrics"]
 
     resumed = run_workers(command + ["null", which], 2, timeout=180, echo=False)
     assert resumed.ok, [w.output for w in resumed.workers]

@@ -21,7 +21,8 @@ VISIBLE = "CUDA_VISIBLE_DEVICES"
 # Each worker prints the GPU variables it got (None: not set).
 SHOW = (
     "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
-    "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'TF_FORCE_GPU_ALLOW_GROWTH')}))"
+    "('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'TF_FORCE_GPU_ALLOW_GROWTH', "
+    "'KERAS_REPLICATOR_SHARED_GPUS')}))"
 )
 UUIDS = [f"GPU-{n}1b2c3d4-0000-4000-8000-00000000000{n}" for n in range(4)]
 
@@ -78,6 +79,7 @@ def test_four_gpus_from_nvidia_smi_are_split_between_two_workers(four_gpus):
     # nvidia-smi counts in PCI bus order; CUDA must too for "0,1" to mean its 0, 1.
     assert {g["CUDA_DEVICE_ORDER"] for g in gpus} == {"PCI_BUS_ID"}
     assert {g["TF_FORCE_GPU_ALLOW_GROWTH"] for g in gpus} == {None}
+    assert {g["KERAS_REPLICATOR_SHARED_GPUS"] for g in gpus} == {None}
 
 
 def test_uuids_in_cuda_visible_devices_stay_uuids(no_gpus, monkeypatch):
@@ -133,6 +135,8 @@ def test_fewer_gpus_than_workers_are_shared_with_memory_growth(no_gpus, monkeypa
     gpus = _worker_gpus(num_workers=2, gpus_per_worker=None)
     assert [g[VISIBLE] for g in gpus] == ["3", "3"]
     assert {g["TF_FORCE_GPU_ALLOW_GROWTH"] for g in gpus} == {"true"}
+    # ... and told so: NCCL refuses two ranks on one GPU (they keep RING).
+    assert {g["KERAS_REPLICATOR_SHARED_GPUS"] for g in gpus} == {"1"}
 
 
 def test_launch_function_pins_too(four_gpus):
@@ -257,7 +261,7 @@ def test_variables_set_by_the_user_are_kept():
     gpus = VisibleGpus(("0",), "nvidia-smi")
     environ = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "TF_FORCE_GPU_ALLOW_GROWTH": "0"}
     (worker, _) = assign_gpus(gpus, 2, None, environ=environ).workers
-    assert worker == {VISIBLE: "0"}
+    assert worker == {VISIBLE: "0", "KERAS_REPLICATOR_SHARED_GPUS": "1"}
 
 
 def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does():

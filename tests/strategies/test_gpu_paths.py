@@ -210,3 +210,87 @@ def test_multi_worker_constructor_keeps_the_cpu_collectives():
     assert options.timeout_seconds == 60.0
     assert multi_worker.local_platform(resolver) == _platform.CPU
     assert multi_worker.local_platform(_gpu_resolver()) == _platform.GPU
+
+
+def _one_gpu_split_in_two(monkeypatch):
+    """TensorFlow's view after `num_replicas=2` on a 1-GPU machine: 1 physical
+    GPU, 2 logical ones (faked at tf.config, where `_platform` reads them)."""
+    listed = {"GPU": ["/physical_device:GPU:0"]}
+    logical = {"GPU": ["/device:GPU:0", "/device:GPU:1"]}
+    real_physical = tf.config.list_physical_devices
+    real_logical = tf.config.list_logical_devices
+    monkeypatch.setattr(
+        tf.config,
+        "list_physical_devices",
+        lambda kind=None: listed[kind] if kind == "GPU" else real_physical(kind),
+    )
+    monkeypatch.setattr(
+        tf.config,
+        "list_logical_devices",
+        lambda kind=None: logical[kind] if kind == "GPU" else real_logical(kind),
+    )
+
+
+def test_logical_gpus_split_from_one_keep_tensorflows_ring(monkeypatch):
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); TF's own
+    # MirroredStrategy keeps RING on virtual GPUs, and so do our collectives.
+    _one_gpu_split_in_two(monkeypatch)
+    strategy = _multi_device(GPUS, shard_weight_update=True, compression="bf16")
+    assert not _platform.nccl_usable(strategy)
+    found = _collectives(strategy, _reduce_scatter_step(strategy))
+    kinds = [kind for kind, *_ in found]
+    # No reduce-scatter (RING has none): an all-reduce and a slice, through
+    # the strategy's own collectives (TF picks RING for virtual GPUs itself,
+    # from its runtime's device list, which this fake does not reach).
+    assert "CollectiveReduceScatterV2" not in kinds
+    assert "CollectiveReduceV2" in kinds
+    hierarchy = _multi_device(GPUS, hierarchy="2d")
+    found = _collectives(hierarchy, _gradient_step())
+    assert found and {hint for _, _, hint, *_ in found} == {"auto"}
+
+
+def test_workers_sharing_gpus_keep_ring_and_its_timeout(monkeypatch):
+    # `keras-replicator launch -n 2` on one GPU shares it and says so.
+    monkeypatch.setenv("KERAS_REPLICATOR_SHARED_GPUS", "1")
+    strategy = kr.MultiWorkerReplicator(
+        cluster_resolver=_gpu_resolver(gpus=1),
+        all_reduce=kr.AllReduceOptions(compression="bf16"),
+    )
+    options = strategy.extended._communication_options
+    assert options.implementation.value == "AUTO"
+    assert options.timeout_seconds == 60.0
+    assert not _platform.nccl_usable(strategy)
+
+
+def _ordering_tokens(strategy, step):
+    """`{(op type, device): ordering-token tensor}` of the NCCL collectives a
+    traced `tf.function` step builds (TF gives its own an ordering token only
+    there, not in a TF1-style graph)."""
+    graph = tf.function(lambda: strategy.run(step)).get_concrete_function().graph
+    tokens = {}
+    for op in graph.get_operations():
+        if op.type.startswith("Collective") and op.get_attr("Nordering_token"):
+            tokens.setdefault(op.device, set()).add((op.type, op.inputs[-1].ref()))
+    return tokens
+
+
+def test_our_nccl_collectives_share_each_devices_ordering_chain_with_tfs():
+    # NCCL needs one launch order per device; TF orders its own by one token
+    # per device. Ours (the reduce-scatter) and the strategy's (the all-gather
+    # of the sharded update) must hang on the same token, or two devices may
+    # launch them in different orders and wait for each other for good.
+    strategy = _multi_device(GPUS, shard_weight_update=True)
+
+    def step():
+        transport = _transport.transport_for(
+            strategy, kr.AllReduceOptions(), tf.distribute.get_replica_context()
+        )
+        row = transport.reduce_scatter(tf.ones([2, 3]))
+        return transport.all_gather(row)
+
+    tokens = _ordering_tokens(strategy, step)
+    assert len(tokens) == len(GPUS)
+    for device, found in tokens.items():
+        kinds = {kind for kind, _ in found}
+        assert {"CollectiveReduceScatterV2", "CollectiveGatherV2"} <= kinds, kinds
+        assert len({token for _, token in found}) == 1, (device, found)
