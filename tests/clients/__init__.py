@@ -5,5 +5,5 @@ guides or Keras' own tests write it; the strategy is its only input. It runs on 
 device, under the stock strategy and under ours at the same global batch, and ours
 must give one device's numbers (`test_clients.py`). `python -m tests.clients.table`
 (`make clients`) runs every case in every mode in fresh processes and prints the
-README's "Existing code: stock vs ours" table.
+"Existing code: stock vs ours" table (docs/guide.md).
 """

@@ -1,4 +1,4 @@
-"""The README's "Existing code: stock vs ours" table, measured in one run.
+"""The "Existing code: stock vs ours" table (docs/guide.md), measured in one run.
 
 `python -m tests.clients.table` (or `make clients`) runs every client case in every
 mode, each in fresh processes (2 worker processes on 127.0.0.1 for the multi-worker

@@ -6,7 +6,7 @@ Every case of the client registry (`tests/clients/*.py`), run as written under
 equal one device at the same global batch (or the values Keras' own test asserts)
 within the case's tolerance: 1e-5 for float32 weights after a few steps unless the
 case states otherwise. The stock strategies are measured by `make clients` (table in
-the README), not asserted here.
+docs/guide.md), not asserted here.
 """
 
 import pytest

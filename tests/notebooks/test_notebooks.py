@@ -24,7 +24,7 @@ def test_notebook_runs_top_to_bottom(path, monkeypatch):
     # [0, 16, 16, 16] where [0, 8, 8, 32] is right), on CPUs where oneDNN is on.
     # The large-batch notebook's evaluation leaves one of 4 replicas empty (359
     # test images, batch 512), and the next layer then fails on the shape. The
-    # kernels inherit this setting; README "Known limits" says what users do.
+    # kernels inherit this setting; docs/guide.md "Known limits" says what users do.
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
 
     notebook = nbformat.read(path, as_version=4)
