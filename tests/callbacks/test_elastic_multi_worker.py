@@ -44,6 +44,8 @@ _SCRIPT = PRELUDE + textwrap.dedent(
                 print(f"STARTED {workers} {time.monotonic()}", flush=True)
             where = [self.epoch, batch, worker, workers]
             if where == [1, 3, 2, 3] and env["KERAS_REPLICATOR_RESTART_COUNT"] == "0":
+                with open(slots_file + ".pid", "w") as file:
+                    file.write(str(os.getpid()))
                 write_slots(2)  # this machine is gone for good
                 print(f"LOST {time.monotonic()}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -72,6 +74,29 @@ def _printed(output, word):
 
 def _weights(output):
     return [np.asarray(w) for w in _printed(output, "WEIGHTS")]
+
+
+def _discover(slots):
+    """The slots file, but slot2 stays listed until the launcher reaped its worker.
+
+    The worker writes its pid, drops its slot and kills itself: without this,
+    discovery could see the slot go before the process dies, and the launcher
+    would (rightly) count a resize instead of the failure this test is about.
+    A zombie is not reaped yet: the launcher sees the failure at the same poll.
+    """
+
+    def slots_now():
+        lines = slots.read_text().split()
+        pid_file = slots.with_name(slots.name + ".pid")
+        if pid_file.exists() and _not_reaped(int(pid_file.read_text())):
+            return ["slot0", "slot1", "slot2"]
+        return lines
+
+    return slots_now
+
+
+def _not_reaped(pid):
+    return os.path.exists(f"/proc/{pid}")  # a zombie's entry stays until reaped
 
 
 def _stamp(output, word):
@@ -105,7 +130,7 @@ def test_three_workers_lose_one_go_on_with_two_and_grow_back(tmp_path, which):
         [sys.executable, "-c", _SCRIPT, str(tmp_path / "backup"), str(slots), which],
         3,
         min_workers=2,
-        discover=f"cat {slots}",
+        discover=_discover(slots),
         discover_seconds=0.5,
         max_restarts=1,
         timeout=600,
