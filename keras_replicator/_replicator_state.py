@@ -48,10 +48,15 @@ class SampleCount:
         count: The replica's number of samples, a float32 scalar tensor.
         loss_scaled: Whether its loss already carries `count`
             (`optimizer.scale_loss`), so the gradient all-reduce only sums.
+        equal_weights: Whether replicas weigh equally in the mean instead of by
+            `count`: the loss is N times the replica's share of a global loss
+            whose divisor the user fixed (`tf.nn.compute_average_loss(...,
+            global_batch_size=...)`, `_compat/average_loss.py`).
     """
 
     count: Any
     loss_scaled: bool = False
+    equal_weights: bool = False
 
     def take_scaled_loss(self) -> bool:
         """True, once, if the loss carries the count: the first all-reduce of the

@@ -26,6 +26,10 @@ Modules, by what they patch or read:
   state).
 - `optimizer`: loss scaling, the gradient all-reduce, the optimizer's lazy build;
   under weight-update sharding, one-piece slots, the sharded update and saving.
+- `clipping`: Keras' replica-side gradient clipping, deferred to the reduced
+  gradient under our strategies.
+- `average_loss`: TensorFlow's custom-loop loss helpers (`tf.nn.compute_average_loss`,
+  `scale_regularization_loss`) inside our steps.
 - `loss_scale`: `LossScaleOptimizer`'s finiteness verdict, agreed across replicas
   (an overflow in one replica skips the step on all).
 - `accumulation`: `gradient_accumulation_steps` (Keras' update/accumulate branch
@@ -59,6 +63,8 @@ try:
     from keras_replicator._compat import (
         _installer,
         accumulation,
+        average_loss,
+        clipping,
         data,
         lamb,
         layers,
@@ -109,11 +115,22 @@ UPSTREAM_DIGESTS = {
     **train_begin.DIGESTS,
     **loss_scale.DIGESTS,
     **accumulation.DIGESTS,
+    **clipping.DIGESTS,
+    **average_loss.DIGESTS,
     **saving.CHECKPOINT_DIGESTS,
     **data.DIGESTS,
 }
 
-_PATCHED = (trainer, optimizer, loss_scale, accumulation, data, saving)
+_PATCHED = (
+    trainer,
+    optimizer,
+    clipping,
+    average_loss,
+    loss_scale,
+    accumulation,
+    data,
+    saving,
+)
 _CHECKED = (
     trainer,
     optimizer,
@@ -122,6 +139,8 @@ _CHECKED = (
     train_begin,
     loss_scale,
     accumulation,
+    clipping,
+    average_loss,
     data,
     saving,
     parameter_server,

@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 
 from keras_replicator._compat import _installer
+from keras_replicator._compat._stamps import STAMPS
 
 _TF_TRAINER = "keras.src.backend.tensorflow.trainer.TensorFlowTrainer"
 _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer.TFOptimizer"
@@ -52,16 +53,6 @@ class Patch:
     installer: str
     guard: str
     upstream: str
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Stamp:
-    """A private attribute our code writes on a TensorFlow / Keras object."""
-
-    attribute: str
-    on: str
-    set_by: str
     reason: str
 
 
@@ -119,6 +110,33 @@ PATCHES: tuple[Patch, ...] = (
         "digest",
         _NONE,
         "no hook to weigh replicas by their sample counts",
+    ),
+    *_patches(
+        _BASE_OPTIMIZER,
+        ("_clip_gradients",),
+        "clipping",
+        _KERAS,
+        "digest",
+        _NONE,
+        "Keras clips each replica's gradient, not the reduced one",
+    ),
+    *_patches(
+        "tensorflow.python.ops.nn_impl_distribute",
+        ("compute_average_loss", "scale_regularization_loss"),
+        "average_loss",
+        _KERAS,
+        "digest",
+        _NONE + " (TensorFlow's contract: the optimizer sums)",
+        "a custom train_step's loss divided by the replicas trains at 1/N in fit",
+    ),
+    *_patches(
+        "tensorflow._api.v2.nn",
+        ("compute_average_loss", "scale_regularization_loss"),
+        "average_loss",
+        _KERAS,
+        "weak",
+        _NONE + " (TensorFlow's contract: the optimizer sums)",
+        "the same functions, as users reach them",
     ),
     *_patches(
         _BASE_OPTIMIZER,
@@ -323,42 +341,6 @@ PATCHES: tuple[Patch, ...] = (
         "weak",
         _NONE,
         "a partitioned (ShardedVariable) Keras variable cannot train",
-    ),
-)
-
-#: Private attributes written on TensorFlow / Keras objects (our own subclasses'
-#: attributes excluded). `_kr_*` names are found by a scan of the package
-#: (tests/test_compat.py); each must be listed here with its reason.
-STAMPS: tuple[Stamp, ...] = (
-    Stamp(
-        "_serialize_to_tensors, _restore_from_tensors",
-        "tf.Variable (a weight-update-sharding slot piece)",
-        "_compat/optimizer.py override_checkpointing",
-        "TF's per-object checkpoint protocol: a piece saves as the whole slot",
-    ),
-    Stamp(
-        "_track_variable",
-        "keras.optimizers.Optimizer (shadowed during one add_variable)",
-        "_compat/optimizer.py add_variable_prepared",
-        "a deferred checkpoint restore must wait until the slot is set up",
-    ),
-    Stamp(
-        "_initial_epoch",
-        "keras.Model",
-        "_compat/trainer.py set_initial_epoch",
-        "Keras' own resume attribute, written as its BackupAndRestore does",
-    ),
-    Stamp(
-        "_replicator_state",
-        "our strategies (subclasses of tf.distribute strategies)",
-        "_replicator_state.register",
-        "the library's one typed state object, held by the strategy so it dies with it",
-    ),
-    Stamp(
-        "_collective_key_base",
-        "tf.distribute.MirroredStrategy (stock, for tests)",
-        "_compat/strategy.py stock_mirrored_strategy",
-        "TF's knob for distinct collective keys per strategy in one process",
     ),
 )
 

@@ -143,7 +143,7 @@ def prepare_sum(gradients, average: bool, declared: SampleCount | None = None):
     """
     if not average:
         return _count_shared_once(gradients), []
-    if declared is None:
+    if declared is None or declared.equal_weights:
         weight = tf.constant(1.0)
     else:
         weight = tf.cast(declared.count, tf.float32)

@@ -18,7 +18,7 @@ import tensorflow as tf
 from keras_replicator import _compat, _roles
 from keras_replicator._files import backup, worker_files
 from keras_replicator._replicator_state import replicator_state
-from keras_replicator.communication import _reduction
+from keras_replicator.communication import _clipping, _reduction
 from keras_replicator.keras_integration import (
     _accumulation,
     _fit_input,
@@ -99,7 +99,38 @@ class KerasHooks:
         average = _reduction.averages(optimizer, on_replicator, declared)
         if not (on_replicator or average):
             return None
-        return _reduction.all_reduce(grads_and_vars, average, declared)
+        reduced = _reduction.all_reduce(grads_and_vars, average, declared)
+        if not _clipping.defers(optimizer):
+            return reduced
+        clipped = _clipping.clip(optimizer, [g for g, _ in reduced])
+        return [(g, v) for g, (_, v) in zip(clipped, reduced)]
+
+    @staticmethod
+    def defers_clipping(optimizer) -> bool:
+        """Keras clips each replica's gradient; ours clip the reduced one
+        (`communication/_clipping`, `_compat/clipping.py`)."""
+        return _clipping.defers(optimizer)
+
+    @staticmethod
+    def loss_helper_factor(fixed_global_batch: bool):
+        """What `tf.nn.compute_average_loss` / `scale_regularization_loss` results
+        are multiplied by inside our steps (`_compat/average_loss.py`), or None.
+
+        The replica count, which undoes TensorFlow's 1/N share as Keras loss
+        objects' is undone; with a fixed `global_batch_size` the replica's loss
+        is then N times its share of the global loss, so the reduction weighs
+        replicas equally (`SampleCount.equal_weights`) instead of by samples.
+        """
+        if not (
+            _compat.is_replicator_current() and tf.distribute.get_replica_context()
+        ):
+            return None
+        declared = _sample_count.declared()
+        if declared is None or _reduction.single_replica():
+            return None
+        if fixed_global_batch:
+            declared.equal_weights = True
+        return tf.distribute.get_strategy().num_replicas_in_sync
 
     # Keras' `gradient_accumulation_steps`: local accumulators, one all-reduce per
     # update (`_compat/accumulation.py`, the rule in `_accumulation`).

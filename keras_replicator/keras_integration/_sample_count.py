@@ -103,7 +103,7 @@ def scale_loss_by_sample_count(loss):
     scaled) returns `loss` unchanged.
     """
     found = declared()
-    if found is None or found.loss_scaled:
+    if found is None or found.loss_scaled or found.equal_weights:
         return loss
     found.loss_scaled = True
     return loss * tf.cast(found.count, loss.dtype)

@@ -2,13 +2,14 @@
 
 It replaces the body of Keras' TensorFlow `_backend_update_step` (the all-reduce,
 then one `update_step` per variable) when the strategy shards the weight update;
-everything Keras does around it (clipping, weight decay, loss-scale unscaling,
-gradient accumulation, EMA, the step counter) is unchanged. It asks
-`communication/` for three things only: the reduction rule (`_reduction`: this
+everything Keras does around it (weight decay, loss-scale unscaling, gradient
+accumulation, EMA, the step counter) is unchanged; Keras' clipping, deferred
+under our strategies, acts on the reduced pieces here (`communication/_clipping`).
+It asks `communication/` for four things only: the reduction rule (`_reduction`: this
 replica's share of the sum, the sample-weighted mean's weights or the stock
 sum), the bucket plan (`_buckets.plan_by_dtype`: the strategy's `bucket_mb`, in
-reverse layer order, sized by `_all_reduce.bucket_bytes` as for the all-reduce)
-and the transport (`_transport`).
+reverse layer order, sized by `_all_reduce.bucket_bytes` as for the all-reduce),
+the transport (`_transport`) and the clipping (`_clipping`).
 Per bucket of same-dtype gradients:
 
 1. this replica's share is packed into the `[N, C]` piece matrix (`_layout`),
@@ -35,6 +36,7 @@ from keras_replicator import _compat
 from keras_replicator.communication import (
     _all_reduce,
     _buckets,
+    _clipping,
     _gradient_form,
     _reduction,
     _transport,
@@ -93,6 +95,7 @@ def sharded_update_step(
     pieces = _slots.piece_variables(optimizer, variables, strategy)
     targets, values = [], []
     with _slots.aliased(optimizer, pieces, variables):
+        reduced = []  # per bucket: (layout, this replica's pieces of the sums)
         for bucket in buckets:
             carry = exact if total is None else []
             layout = _layout.Layout([variables[i].shape for i in bucket], num_replicas)
@@ -106,8 +109,12 @@ def sharded_update_step(
             )
             if carry:
                 total = summed_exact[0]
-            if exact:
-                summed = _reduction.finish_sum(summed, total)
+            reduced.append((layout, summed))
+        if exact:
+            reduced = [(lay, _reduction.finish_sum(s, total)) for lay, s in reduced]
+        if _clipping.defers(optimizer):
+            reduced = _clipped(optimizer, transport, reduced)
+        for bucket, (layout, summed) in zip(buckets, reduced):
             for j, i in enumerate(bucket):
                 pieces[i].assign(layout.piece_of(_read(variables[i]), j, replica))
             if rule is None:
@@ -123,6 +130,20 @@ def sharded_update_step(
                 targets.append(_raw(variables[i]))
                 values.append(value)
     _compat.strategy.assign_in_every_replica(strategy, targets, values)
+
+
+def _clipped(optimizer, transport, reduced):
+    """Keras' clipping of the pieces of every bucket: the norms are the whole
+    gradients' (one small all-reduce of the pieces' sums of squares)."""
+    flat = [g for _, summed in reduced for g in summed]
+    clipped = _clipping.clip_pieces(
+        optimizer, flat, lambda squares: _exchange.sum_small(transport, squares)
+    )
+    result, start = [], 0
+    for layout, summed in reduced:
+        result.append((layout, clipped[start : start + len(summed)]))
+        start += len(summed)
+    return result
 
 
 def _two_half_updates(rule, transport, pieces, gradients, learning_rate) -> None:

@@ -2,7 +2,8 @@
 
 Each workload is written as its authors write it (keras-io's "Text classification
 with Transformer", TensorFlow's mixed-precision guide, Keras 3's
-`gradient_accumulation_steps`, `run_eagerly=True`), shrunk to run in seconds, and
+`gradient_accumulation_steps`, `run_eagerly=True`, gradient clipping, a
+`train_step` written to TensorFlow's loss contract), shrunk to run in seconds, and
 compared with one device like every other check (`_harness.compare_to_one_device`).
 Where Keras itself is wrong on one device (Adam on an `IndexedSlices` gradient), the
 reference is the one-device model with the mathematically dense gradient: what our
@@ -210,6 +211,96 @@ def run_eagerly(strategy):
     )
 
 
+def _merged(results):
+    errors = {
+        f"{name}.{key}": value
+        for name, (_, per_key) in results.items()
+        for key, value in per_key.items()
+    }
+    return max(worst for worst, _ in results.values()), errors
+
+
+def gradient_clipping(strategy):
+    """`clipnorm`, `global_clipnorm`, `clipvalue` as set in Transformer recipes,
+    tight enough to clip every step: one device clips the global-batch gradient."""
+    import keras
+
+    options = {
+        "clipnorm": {"clipnorm": 0.05},
+        "global_clipnorm": {"global_clipnorm": 0.05},
+        "clipvalue": {"clipvalue": 0.002},
+    }
+    return _merged(
+        {
+            name: compare_to_one_device(
+                strategy,
+                lambda kwargs=kwargs: _small_mlp(keras.optimizers.SGD(0.5, **kwargs)),
+                _fit_weights(1001, epochs=1, data=_features),
+                tolerance=1e-5,
+            )
+            for name, kwargs in options.items()
+        }
+    )
+
+
+def _average_loss_train_step_class(global_batch_size):
+    """A `train_step` written to TensorFlow's custom-loop contract (its
+    distributed-training guide): `tf.nn.compute_average_loss` and
+    `tf.nn.scale_regularization_loss`."""
+    import keras
+    import tensorflow as tf
+
+    class AverageLossModel(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                logits = self(x, training=True)
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, logits, from_logits=True
+                )
+                loss = tf.nn.compute_average_loss(
+                    per_example, global_batch_size=global_batch_size
+                )
+                loss += tf.nn.scale_regularization_loss(tf.add_n(self.losses))
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+            return {"loss": loss}
+
+    return AverageLossModel
+
+
+def custom_train_step_average_loss(strategy):
+    """TensorFlow's loss contract in a `train_step`, with a fixed global batch
+    and without, over an uneven last batch (1001 / 64)."""
+    import keras
+
+    def build(global_batch_size):
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(
+            16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-2)
+        )(inputs)
+        outputs = keras.layers.Dense(NUM_CLASSES, dtype="float32")(hidden)
+        model_class = _average_loss_train_step_class(global_batch_size)
+        model = model_class(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5))
+        return model
+
+    return _merged(
+        {
+            name: compare_to_one_device(
+                strategy,
+                lambda size=size: build(size),
+                _fit_weights(1001, data=_features),
+                tolerance=1e-5,
+            )
+            for name, size in (("global_batch_size", BATCH), ("none", None))
+        }
+    )
+
+
 CHECKS = {
     "transformer_embeddings": (
         transformer_embeddings,
@@ -228,4 +319,12 @@ CHECKS = {
         "gradient_accumulation_steps=2",
     ),
     "run_eagerly": (run_eagerly, "fit(run_eagerly=True)"),
+    "gradient_clipping": (
+        gradient_clipping,
+        "clipnorm, global_clipnorm, clipvalue: the global gradient's",
+    ),
+    "custom_train_step_average_loss": (
+        custom_train_step_average_loss,
+        "train_step with tf.nn.compute_average_loss (TensorFlow's contract)",
+    ),
 }

@@ -43,6 +43,8 @@ CHECK_NAMES = (
     "mixed_float16_overflow",
     "gradient_accumulation",
     "run_eagerly",
+    "gradient_clipping",
+    "custom_train_step_average_loss",
 )
 
 
