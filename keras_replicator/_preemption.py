@@ -12,14 +12,15 @@ that stopped alone would leave the others waiting in their next collective.
 How they agree (issue 48, item 14): the agreement rides the training step's own
 log all-reduce (`StepAgreement`). Each step carries this worker's flag (0 or 1,
 a step-function argument) as one more float beside the loss, and every worker
-gets the same mean back. The callback reads the agreement of the step *before*
-the one that just returned, a value already computed when the next step was
-queued, so it adds no collective of its own and, on CPU workers, waits for
-nothing (the step that just returned is done); every worker reads the same
-value after the same batch, so all stop after the same step. (On a GPU,
-TensorFlow's device-to-host copy of even an earlier value waits for the work
-queued on the device before it: whether that read stalls the queued step is a
-check for a GPU machine, `benchmarks/preemption_agreement.py`.)
+gets the same mean back; any mean but exactly 0 (NaN included) means stop. The
+callback reads the agreement of the step *before* the one that just returned, a
+value already computed when the next step was queued, so it adds no collective
+of its own and, on CPU workers, waits for nothing (the step that just returned
+is done); every worker reads the same value after the same batch, so all stop
+after the same step. (On a GPU, TensorFlow's device-to-host copy of even an
+earlier value waits for the work queued on the device before it: whether that
+read stalls the queued step is a check for a GPU machine,
+`benchmarks/preemption_agreement.py`.)
 
 The price is a step: the flag rides the first step queued after the signal is
 heard, and that step's agreement is read after the next one. A signal that
@@ -205,7 +206,15 @@ class StepAgreement(LocalAgreement):
 
 
 def _agreed(value) -> bool:
-    return value is not None and bool(np.asarray(value) > 0)
+    """Whether an agreed flag says stop: anything but exactly 0.
+
+    Every member sends 0 or 1 (`local_flag`), so the mean is 0 only when no
+    member was signalled. A value no honest member sends (negative, NaN, inf:
+    a member broken or tampered with) stops too rather than hide a signal, as
+    "> 0" let NaN and -1 do. (A member sending exactly -1 to cancel one other's
+    1 is beyond what a mean can tell apart; that member runs our code anyway.)
+    """
+    return value is not None and not bool(np.asarray(value) == 0)
 
 
 def agree(model, preemption: Preemption) -> LocalAgreement:

@@ -35,7 +35,9 @@ DIGESTS = {
 
 def _upstream_objects():
     return {
-        "nn_impl_distribute.compute_average_loss": unpatched(_nn_distribute.compute_average_loss),
+        "nn_impl_distribute.compute_average_loss": unpatched(
+            _nn_distribute.compute_average_loss
+        ),
         "nn_impl_distribute.scale_regularization_loss": unpatched(
             _nn_distribute.scale_regularization_loss
         ),

@@ -8,8 +8,11 @@ neither. One concept per module:
   atomically; the others into scratch).
 - `atomic_publish`: writing a file or directory into place in one step
   (`write_atomically`: sharded weights index last, directories swapped).
+- `trusted_dirs`: which directories a save may use (only those no other user
+  can change), walked and used through directory descriptors.
 - `links`: which symlinks a save may follow (only the caller's own).
 - `leftovers`: staging and holder names, and the leftovers of killed saves.
+- `backup_removal`: deleting a finished backup in a crash-safe order.
 
 Nothing is re-exported here: the package is internal.
 """

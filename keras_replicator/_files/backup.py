@@ -49,7 +49,6 @@ epoch's last before its validation): no host sync per batch (`StepAgreement`).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -61,6 +60,7 @@ import keras
 
 from keras_replicator import _compat, _preemption
 from keras_replicator._files.atomic_publish import TEMP_MARKER, write_atomically
+from keras_replicator._files.backup_fields import check_fields, damaged_message
 from keras_replicator._files.backup_files import (
     METADATA_FILE,
     PREVIOUS_SUFFIX,
@@ -68,12 +68,11 @@ from keras_replicator._files.backup_files import (
 )
 from keras_replicator._files.backup_files import STATE_FILE as _STATE_FILE
 from keras_replicator._files.backup_files import DamagedMetadata as _DamagedMetadata
-from keras_replicator._files.backup_files import listdir as _listdir
 from keras_replicator._files.backup_files import load_metadata as _load_metadata
 from keras_replicator._files.backup_files import readable_h5 as _readable_h5
-from keras_replicator._files.backup_files import state_order as _state_order
 from keras_replicator._files.backup_files import write_json as _write_json
 from keras_replicator._files.backup_metrics import metric_state, restore_metric_state
+from keras_replicator._files.backup_removal import remove_finished_backup
 from keras_replicator._files.worker_files import is_chief, save_for_worker
 from keras_replicator._replicator_state import replicator_state
 
@@ -206,6 +205,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                 continue
             if metadata is None:
                 continue
+            check_fields(metadata, metadata_path, self.backup_dir, self.params)
             name = metadata.get("weights")
             weights = self._kr_path(name) if name else None
             if weights is not None and _readable_h5(weights, errors):
@@ -220,7 +220,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                 stock = stock if os.path.exists(stock) else None
                 return metadata.get("epoch"), stock, None, None
         if damaged:
-            raise OSError(self._kr_damaged_message(damaged, errors))
+            raise OSError(damaged_message(self.backup_dir, damaged, errors))
         if errors:
             raise OSError(
                 f"The backup in `backup_dir`={self.backup_dir!r} cannot be read "
@@ -228,27 +228,6 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             )
         stock = self._kr_path(STOCK_WEIGHTS_FILE)
         return (None, stock, None, None) if os.path.exists(stock) else None
-
-    def _kr_damaged_message(self, damaged: list, errors: list) -> str:
-        states = sorted(
-            (name for name in _listdir(self.backup_dir) if _STATE_FILE.match(name)),
-            key=_state_order,
-        )
-        if states:
-            epoch = _state_order(states[-1])[0]
-            example = json.dumps({"epoch": epoch, "weights": states[-1]})
-            present = f" (weights files present: {', '.join(states)})"
-        else:
-            example, present = json.dumps({"epoch": 0}), ""
-        reasons = "; ".join(damaged + errors)
-        return (
-            f"The backup in `backup_dir`={self.backup_dir!r} cannot be resumed: "
-            f"{reasons}. Backups are committed atomically, so something else "
-            "damaged it (a full disk, a partial copy, an edit), and the epoch "
-            "to resume from is unknown. Delete `backup_dir` to start over from "
-            "epoch 0, or write the last completed epoch and its weights file "
-            f"into {METADATA_FILE}, e.g. {example}{present}."
-        )
 
     # Back up ------------------------------------------------------------------
 
@@ -351,7 +330,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             self._kr_exit_preempted()
             return
         if self.delete_checkpoint and is_chief(self.model):
-            shutil.rmtree(self.backup_dir, ignore_errors=True)
+            remove_finished_backup(self.backup_dir)  # crash-safe order
 
     def _kr_exit_preempted(self) -> None:
         epoch, batch = self._kr_stopped_at

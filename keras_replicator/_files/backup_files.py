@@ -14,6 +14,7 @@ import os
 import re
 
 from keras_replicator._files.atomic_publish import write_atomically
+from keras_replicator._files.trusted_dirs import UntrustedDirectory, read_private_file
 
 METADATA_FILE = "training_metadata.json"
 PREVIOUS_SUFFIX = ".bkp"
@@ -30,19 +31,19 @@ def load_metadata(path: str):
 
     Ours holds `epoch`, `batch` and `weights`; stock Keras' `epoch` and `batch`.
     """
-    try:
-        with open(path, "rb") as file:
-            content = file.read()
-    except FileNotFoundError:
-        return None
+    try:  # never through a link, nor from a directory another user can change
+        content = read_private_file(path, argument="backup_dir")
+    except UntrustedDirectory:
+        raise
     except OSError as error:
-        raise DamagedMetadata(f"{path} cannot be read ({error})") from error
+        raise DamagedMetadata(f"{path} cannot be read ({error.strerror})") from error
+    if content is None:
+        return None
     try:
         metadata = json.loads(content)
-    except ValueError as error:
+    except ValueError as error:  # says where, never what (the file's content)
         raise DamagedMetadata(
-            f"{path} is not valid JSON ({error}; {len(content)} bytes: "
-            f"{content[:80]!r})"
+            f"{path} is not valid JSON ({error}; {len(content)} bytes)"
         ) from error
     epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
     weights = metadata.get("weights") if isinstance(metadata, dict) else None
@@ -80,7 +81,8 @@ def write_json(path: str, value) -> None:
         with open(temporary, "w") as file:
             json.dump(value, file)
 
-    write_atomically(path, write)
+    backup_dir = os.path.dirname(path)
+    write_atomically(path, write, argument="backup_dir", received=backup_dir)
 
 
 def readable_h5(path: str, errors: list) -> bool:

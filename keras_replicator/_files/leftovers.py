@@ -13,7 +13,11 @@ runs (this process's own only when no write of it is using them), or another
 host and untouched for a day (a pid means nothing across hosts on a shared
 filesystem). A live writer's are kept. If a hard kill came between the two
 steps of a directory's replacement, the previous version is restored from its
-holder first.
+holder first. The names are computable, so only a real directory this user
+owns (not a link, not another user's) is taken for a leftover: a "holder"
+planted in a shared directory never moves a file into the save's path.
+Everything happens in the save's open, checked directory (`dir_fd`,
+`trusted_dirs`), never by path.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import socket
+import stat
 import threading
 import time
 import uuid
+
+from keras_replicator._files.trusted_dirs import remove_tree_at
 
 TEMP_MARKER = ".kr-tmp-"
 OLD_MARKER = ".kr-old-"
@@ -47,27 +53,34 @@ _active: set[str] = set()
 _active_lock = threading.Lock()
 
 
-def recover(directory: str, name: str) -> None:
+def recover(directory: str, name: str, *, dir_fd: int | None = None) -> None:
     """Cleans up after earlier saves of `directory/name` that were killed.
 
     If the path is missing but a killed save left the previous version in a
     `.kr-old-` holder, that version is restored; then every staging or holder
-    directory of this name whose writer is gone is deleted.
+    directory of this name whose writer is gone is deleted. Only directories
+    this user made count (a real directory it owns, not a link): a "holder"
+    planted by another user in a shared directory is left alone, never
+    restored from. `dir_fd`, an open descriptor of `directory`, is used
+    instead of its path when given.
     """
-    target = os.path.join(directory, name)
-    leftovers = _stale_leftovers(directory, name)
-    if not os.path.lexists(target):
-        holders = [
-            holder
-            for holder in leftovers
-            if os.path.basename(holder).startswith(OLD_MARKER)
-            and os.path.lexists(os.path.join(holder, name))
-        ]
-        if holders:
-            newest = max(holders, key=os.path.getmtime)
-            os.replace(os.path.join(newest, name), target)
+    if dir_fd is None:
+        opened = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            recover(directory, name, dir_fd=opened)
+        finally:
+            os.close(opened)
+        return
+    leftovers = _stale_leftovers(dir_fd, name)
+    if not _exists(name, dir_fd):
+        holders = [h for h in leftovers if h.startswith(OLD_MARKER)]
+        for holder in sorted(holders, key=lambda h: -_mtime(h, dir_fd)):
+            with contextlib.suppress(OSError), _opened(holder, dir_fd) as inside:
+                if _exists(name, inside):
+                    os.replace(name, name, src_dir_fd=inside, dst_dir_fd=dir_fd)
+                    break
     for leftover in leftovers:
-        shutil.rmtree(leftover, ignore_errors=True)
+        remove_tree_at(dir_fd, leftover)
 
 
 def leftover_name(kind: str, name: str) -> str:
@@ -83,39 +96,76 @@ def _short_hash(text: str, length: int) -> str:
     return digest.hexdigest()
 
 
-def make_leftover_dir(directory: str, kind: str, name: str) -> str:
-    """Creates a staging (`kind="tmp"`) or holder (`"old"`) directory, in use."""
-    path = os.path.join(directory, leftover_name(kind, name))
+def make_leftover_dir(dir_fd: int, kind: str, name: str) -> str:
+    """Creates a staging (`kind="tmp"`) or holder (`"old"`) directory, in use.
+
+    It is made in the open directory `dir_fd`, private to this user (mode
+    0o700); its name is returned.
+    """
+    entry = leftover_name(kind, name)
     with _active_lock:
-        _active.add(os.path.basename(path))  # before it exists
+        _active.add(entry)  # before it exists
     try:
-        os.mkdir(path)
+        os.mkdir(entry, 0o700, dir_fd=dir_fd)
     except BaseException:
         with _active_lock:
-            _active.discard(os.path.basename(path))
+            _active.discard(entry)
         raise
-    return path
+    return entry
 
 
-def release(path: str) -> None:
+def release(dir_fd: int, entry: str) -> None:
     """Deletes a directory `make_leftover_dir` made; it is no longer in use."""
-    shutil.rmtree(path, ignore_errors=True)
-    forget(path)
+    remove_tree_at(dir_fd, entry)
+    forget(entry)
 
 
-def forget(path: str) -> None:
-    """Marks `path` as no longer in use, so a later save may remove it."""
+def forget(entry: str) -> None:
+    """Marks `entry` as no longer in use, so a later save may remove it."""
     with _active_lock:
-        _active.discard(os.path.basename(path))
+        _active.discard(os.path.basename(entry))
 
 
-def _stale_leftovers(directory: str, name: str) -> list[str]:
-    """This name's staging / holder directories whose writer is gone."""
+@contextlib.contextmanager
+def _opened(entry: str, dir_fd: int):
+    descriptor = os.open(
+        entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd
+    )
+    try:
+        yield descriptor
+    finally:
+        os.close(descriptor)
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _mtime(entry: str, dir_fd: int) -> float:
+    return os.stat(entry, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+
+
+def _ours(entry: str, dir_fd: int) -> bool:
+    """Whether `entry` is a real directory (not a link) this user owns."""
+    try:
+        status = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    owner_ok = not hasattr(os, "geteuid") or status.st_uid == os.geteuid()
+    return stat.S_ISDIR(status.st_mode) and owner_ok
+
+
+def _stale_leftovers(dir_fd: int, name: str) -> list[str]:
+    """This name's staging / holder directories (ours) whose writer is gone."""
     name_hash = _short_hash(name, 8)
     host = _short_hash(socket.gethostname(), 4)
     stale = []
     try:
-        entries = os.listdir(directory)
+        entries = os.listdir(dir_fd)
     except OSError:
         return stale
     legacy_prefix = f".{name}{TEMP_MARKER}"
@@ -125,9 +175,8 @@ def _stale_leftovers(directory: str, name: str) -> list[str]:
             match = _LEGACY_SUFFIX.match(entry[len(legacy_prefix) :])
             if match:
                 match = {"name": name_hash, "host": host, "pid": match["pid"]}
-        if not match or match["name"] != name_hash:
+        if not match or match["name"] != name_hash or not _ours(entry, dir_fd):
             continue
-        path = os.path.join(directory, entry)
         if match["host"] == host:
             with _active_lock:
                 in_use = entry in _active
@@ -135,9 +184,9 @@ def _stale_leftovers(directory: str, name: str) -> list[str]:
                 continue
         else:
             with contextlib.suppress(OSError):
-                if time.time() - os.path.getmtime(path) < OTHER_HOST_STALE_SECONDS:
+                if time.time() - _mtime(entry, dir_fd) < OTHER_HOST_STALE_SECONDS:
                     continue
-        stale.append(path)
+        stale.append(entry)
     return stale
 
 

@@ -1,7 +1,8 @@
 """Which symlinks a save may follow: only the caller's own.
 
 Saving to a symlink replaces the file (or directory) it points to, atomically,
-with staging next to that target (`atomic_publish`); the link stays a link and
+with staging next to that target (`atomic_publish`, resolved by
+`trusted_dirs.open_parent`); the link stays a link and
 points at the new content, as `open(link, "w")` would update it. A link is
 followed only if this process's user owns it and its directory cannot be changed
 by anyone else (owned by this user or root, and not writable by group or others
@@ -17,34 +18,7 @@ import errno
 import os
 import stat
 
-_MAX_LINKS = 40  # as Linux's path walk
-
-
-def resolve_symlink(path: str) -> str:
-    """`path` without a trailing slash, or the file its trusted symlink points to.
-
-    Each link on the way must be the caller's own (`check_trusted_link`).
-
-    Example:
-    >>> import os, tempfile
-    >>> from keras_replicator._files.links import (
-    ...     resolve_symlink)
-    >>> folder = os.path.realpath(tempfile.mkdtemp())
-    >>> os.symlink("run3.keras", os.path.join(folder, "latest.keras"))
-    >>> os.path.basename(resolve_symlink(os.path.join(folder, "latest.keras")))
-    'run3.keras'
-    """
-    original = path = path.rstrip("/") or "/"
-    for _ in range(_MAX_LINKS):
-        if not os.path.islink(path):
-            return path
-        check_trusted_link(path)
-        path = os.path.join(os.path.dirname(path), os.readlink(path))
-    raise OSError(
-        errno.ELOOP,
-        f"Cannot save to {original!r}: it is a symlink that never reaches a file "
-        f"(a loop, stopping at {path!r}). Point it at a file, or remove it.",
-    )
+MAX_LINKS = 40  # as Linux's path walk
 
 
 def check_trusted_link(link: str) -> None:

@@ -100,6 +100,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when stopping workers",
     )
     parser.add_argument(
+        "--resize-grace-seconds",
+        type=float,
+        default=60.0,
+        help="seconds the workers get to back up and exit when an elastic launch "
+        "resizes (SIGTERM, then SIGKILL; default 60)",
+    )
+    parser.add_argument(
         "--data-service-workers",
         type=int,
         default=0,
@@ -169,6 +176,7 @@ def run(args) -> int:
             ports=parse_ports(args.ports),
             port_base=args.port_base,
             grace_seconds=args.grace_seconds,
+            resize_grace_seconds=args.resize_grace_seconds,
             dry_run=args.dry_run,
             data_service_workers=args.data_service_workers,
             min_workers=args.min_workers,

@@ -6,18 +6,24 @@ decodes to 300 MB (3 channels); it used to be decoded twice, once to learn its
 size and once to crop it, and raised a process's peak memory by 532 MB. So every
 record's size is read from its header -- the JPEG frame header
 (`tf.io.extract_jpeg_shape`), PNG's IHDR chunk (big-endian width and height at
-bytes 16 and 20), GIF's logical screen (little-endian 16-bit width and height at
-bytes 6 and 8), BMP's info header (little-endian 32-bit width and height at 18
-and 22; a negative height means rows stored top-down) -- and an image over the
+bytes 16 and 20), every GIF frame's image descriptor (below), BMP's info
+header (little-endian 32-bit width and height at 18 and 22; a negative height
+means rows stored top-down) -- and an image over the
 pixel budget (`max_pixels`) is refused with an error naming the record before
 anything decodes it. Those are the sizes TF's decoders return, and the crop
 window is computed from them, so a PNG, GIF or BMP is now decoded once.
 
-What the budget does not bound: giflib reads every frame of a GIF before TF
-returns the first one, and a frame may declare a size beyond the logical screen;
-LZW (at most about 2,700 decoded bytes a compressed byte) bounds that memory by
-the record's size instead. Progressive JPEGs also keep their coefficients (about
-2 bytes a pixel and channel) while decoding: the budget bounds them too.
+A GIF is decoded at none of the sizes its first bytes hold: TF decodes every
+frame (even for the first one alone) into one tensor of the largest frame
+height by the largest frame width, whatever the logical screen says (a 54 KB
+GIF with a 1x1 screen and a 12000x12000 frame used to pass and cost 564 MB).
+So a GIF's blocks are walked in the graph, skipping the data sub-blocks (one
+loop step per 255 bytes of data, GIFs only), to the image descriptor of every
+frame (`0x2C`, little-endian 16-bit width and height at its bytes 5 and 7); its
+size is `[largest height, largest width]`, and the budget bounds frames x
+height x width, what the decode holds. Progressive JPEGs also keep their
+coefficients (about 2 bytes a pixel and channel) while decoding: the budget
+bounds them too.
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ def header_shape(encoded):
     >>> header_shape(tf.io.encode_png(tf.zeros([3, 5, 1], tf.uint8))).numpy()
     array([3, 5])
     """
+    return _shape_and_frames(encoded)[0]
+
+
+def _shape_and_frames(encoded):
+    """`header_shape` and the frames a decode holds (a GIF's, else 1)."""
     head = _head(encoded)
     raw = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
 
@@ -55,17 +66,76 @@ def header_shape(encoded):
         return tf.where(value >= 2**31, value - 2**32, value)
 
     png = tf.stack([big(20, 4), big(16, 4)])
-    gif = tf.stack([little(8, 2), little(6, 2)])
     bmp = tf.stack([tf.abs(signed32(little(22, 4))), signed32(little(18, 4))])
-    other = tf.where(
-        _is_png(head), png, tf.where(_is_gif(head), gif, tf.zeros([2], tf.int64))
-    )
+    other = tf.where(_is_png(head), png, tf.zeros([2], tf.int64))
     other = tf.where(_is_bmp(head), bmp, other)
+    one = tf.constant(1, tf.int64)
     return tf.cond(
         tf.io.is_jpeg(encoded),
-        lambda: tf.cast(tf.io.extract_jpeg_shape(encoded)[:2], tf.int64),
-        lambda: other,
+        lambda: (tf.cast(tf.io.extract_jpeg_shape(encoded)[:2], tf.int64), one),
+        lambda: tf.cond(
+            _is_gif(head), lambda: gif_frames(encoded), lambda: (other, one)
+        ),
     )
+
+
+def gif_frames(encoded):
+    """`([largest frame height, largest width], frames)` of a GIF (int64).
+
+    TF decodes a GIF at this size, every frame of it (module docstring).
+
+    Example:
+    >>> import io, numpy as np, tensorflow as tf
+    >>> from PIL import Image
+    >>> out = io.BytesIO()
+    >>> Image.fromarray(np.zeros([3, 5], np.uint8)).save(out, format="GIF")
+    >>> shape, frames = gif_frames(tf.constant(out.getvalue()))
+    >>> shape.numpy().tolist(), int(frames)
+    ([3, 5], 1)
+    """
+    data = tf.io.decode_raw(encoded, tf.uint8)
+    size = tf.size(data, out_type=tf.int64)
+    data = tf.cast(tf.concat([data, tf.zeros([16], tf.uint8)], 0), tf.int64)
+
+    def at(i):
+        return tf.gather(data, tf.minimum(tf.cast(i, tf.int64), size + 15))
+
+    def little16(i):
+        return at(i) + 256 * at(i + 1)
+
+    def color_table(flags):  # its bytes, when the flags' top bit says there is one
+        bits = tf.bitwise.bitwise_and(flags, 7) + 1
+        return tf.where(
+            flags >= 128, 3 * tf.bitwise.left_shift(tf.ones_like(bits), bits), 0
+        )
+
+    def step(pos, in_blocks, height, width, frames, done):
+        byte = at(pos)
+        # In data sub-blocks: each starts with its length, 0 ends them.
+        after_block = tf.where(byte == 0, pos + 1, pos + byte + 1)
+        # Else a block starts: an image descriptor (then the local colour table,
+        # the LZW code size and data sub-blocks), an extension (label, then
+        # sub-blocks), or the trailer (0x3B) or garbage: the end.
+        image, extension = byte == 0x2C, byte == 0x21
+        after_image = pos + 10 + color_table(at(pos + 9)) + 1
+        new_pos = tf.where(
+            in_blocks, after_block, tf.where(image, after_image, pos + 2)
+        )
+        frame = tf.logical_and(tf.logical_not(in_blocks), image)
+        height = tf.where(frame, tf.maximum(height, little16(pos + 7)), height)
+        width = tf.where(frame, tf.maximum(width, little16(pos + 5)), width)
+        frames += tf.cast(frame, tf.int64)
+        end = tf.logical_not(in_blocks | image | extension) | (new_pos >= size)
+        blocks = tf.where(in_blocks, byte != 0, image | extension)
+        return new_pos, blocks, height, width, frames, end
+
+    zero = tf.constant(0, tf.int64)
+    start = 13 + color_table(at(10))  # after the screen and the global table
+    state = (start, tf.constant(False), zero, zero, zero, start >= size)
+    _, _, height, width, frames, _ = tf.while_loop(
+        lambda *state: tf.logical_not(state[-1]), step, state
+    )
+    return tf.stack([height, width]), frames
 
 
 def check_image(encoded, name, *, min_size: int, max_pixels: int | None):
@@ -91,18 +161,21 @@ def check_image(encoded, name, *, min_size: int, max_pixels: int | None):
         name="check_image_header",
     )
     with tf.control_dependencies([assert_header]):
-        shape = header_shape(encoded)
+        # Every frame of a GIF is decoded (module docstring); others have one.
+        shape, frames = _shape_and_frames(encoded)
     checks = []
     if max_pixels is not None:
         checks.append(
             tf.debugging.Assert(
-                shape[0] * shape[1] <= max_pixels,
+                shape[0] * shape[1] * frames <= max_pixels,
                 [
                     f"Image over the pixel budget max_pixels={max_pixels} (height x "
-                    "width), refused before decoding (a decode takes 3 bytes a pixel "
-                    "in RGB). Pass a larger `max_pixels` to image_pipeline, or "
-                    "max_pixels=None for no budget. [height width], record:",
+                    "width, x frames for a GIF), refused before decoding (a decode "
+                    "takes 3 bytes a pixel in RGB). Pass a larger `max_pixels` to "
+                    "image_pipeline, or max_pixels=None for no budget. [height "
+                    "width], frames, record:",
                     shape,
+                    frames,
                     name,
                 ],
                 name="check_image_pixels",

@@ -20,10 +20,20 @@ launcher's supervision loop only reads the latest answer. The launcher (see
   came back, or one is announced gone before it fails): it stops the workers with
   SIGTERM, which `BackupAndRestore` turns into a backup at a step every worker
   agrees on and an exit with 0, and starts them again on the new number of slots
-  (not counted as a restart).
+  (not counted as a restart; the workers get `resize_grace_seconds` to back up,
+  and a worker still running then is killed and the resize counts as one,
+  `_group_outcome.py`).
 
 The global batch is the user's, so every replica's share changes with the
 number of workers and the numbers keep following one device (docs/preemption.md).
+
+A hook's answer is bounded: a command's output is read up to 1 MiB, and a slot
+is at most `MAX_SLOT_CHARS` printable characters (it becomes an environment
+variable: a NUL byte or a line over 128 KiB made starting the workers fail, also
+mid-run after the group was stopped). A longer or invalid answer is a failed
+question, as a hook that exits non-zero is: the slots stay as last known. The
+command runs in a process group of its own, killed and reaped when it ends and
+when the launcher stops (`Discovery.close()`, also on a signal).
 
 Hand-written: torchrun's elastic agent and Horovod's host discovery do this for
 PyTorch / Horovod processes, not for TensorFlow workers, whose cluster is fixed
@@ -37,12 +47,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from keras_replicator.launch._bounded_run import run_bounded
+from keras_replicator.launch._bounded_run import ProcessGroups, run_bounded
 from keras_replicator.launch._output import note
 
 DiscoverHook = str | Callable[[], Iterable[str]]
 # Longest a discovery command may run before its answer counts as unknown.
 _DISCOVER_TIMEOUT = 30.0
+# Longest slot: plenty for a host name, an address or a GPU id.
+MAX_SLOT_CHARS = 4096
 
 
 class Discovery:
@@ -71,6 +83,7 @@ class Discovery:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        self._groups = ProcessGroups()  # the commands running now
 
     @property
     def latest(self) -> tuple[str, ...] | None:
@@ -93,6 +106,13 @@ class Discovery:
             self._failed(f"{type(error).__name__}: {error}")
             return None
         slots = tuple(line.strip() for line in lines if line.strip())
+        bad = next((slot for slot in slots if not _valid_slot(slot)), None)
+        if bad is not None:
+            self._failed(
+                f"a slot must be at most {MAX_SLOT_CHARS} printable characters; "
+                f"got {len(bad)} starting {bad[:40]!r}"
+            )
+            return None
         with self._lock:
             if ticket > self._latest_ticket:
                 self._latest, self._latest_ticket = slots, ticket
@@ -101,7 +121,7 @@ class Discovery:
 
     def _lines(self) -> list[str]:
         if not callable(self.discover):
-            return _run_command(self.discover)
+            return _run_command(self.discover, self._groups)
         answer = self.discover()
         if isinstance(answer, str):
             return answer.splitlines()
@@ -116,8 +136,13 @@ class Discovery:
             self._thread.start()
 
     def close(self) -> None:
-        """Stops the background questions (a hook still running is left to end)."""
+        """Stops the background questions and kills a command still running.
+
+        The command's whole process group is killed (SIGKILL) and reaped; a
+        callable hook still running is left to end.
+        """
         self._closed.set()
+        self._groups.close()
         if self._thread is not None:
             self._thread.join(timeout=0.5)
 
@@ -150,7 +175,7 @@ class Discovery:
         with self._lock:
             repeated = error == self._last_error
             self._last_error = error
-        if self.echo and not repeated:
+        if self.echo and not repeated and not self._closed.is_set():
             note(f"discover failed ({error}); the slots stay as last known.")
 
 
@@ -190,9 +215,15 @@ def resize_wanted(running, latest, most: int, fewest: int) -> bool:
     return wanted != len(running) or any(slot not in latest for slot in running)
 
 
-def _run_command(command: str) -> list[str]:
-    """The command's output lines; its whole process group ends on a timeout."""
-    returncode, out, err = run_bounded(command, _DISCOVER_TIMEOUT, shell=True)
+def _valid_slot(slot: str) -> bool:
+    return len(slot) <= MAX_SLOT_CHARS and slot.isprintable()
+
+
+def _run_command(command: str, groups: ProcessGroups) -> list[str]:
+    """The command's output lines; its whole process group ends with it."""
+    returncode, out, err = run_bounded(
+        command, _DISCOVER_TIMEOUT, shell=True, groups=groups
+    )
     if returncode != 0:
         detail = (err or out).strip().splitlines()[-1:] or [""]
         raise RuntimeError(f"exit code {returncode} {detail[0]}".strip())

@@ -39,6 +39,12 @@ from typing import Any
 from keras_replicator._worker_env import PREEMPTED_FILE_ENV, SLOT_ENV
 from keras_replicator.launch._cluster import ClusterPlan, plan_cluster
 from keras_replicator.launch._elastic import Discovery, resize_wanted, workers_for
+from keras_replicator.launch._group_outcome import (
+    CUT_SHORT,
+    failed_on_its_own,
+    killed_at_the_end,
+    restart_note,
+)
 from keras_replicator.launch._options import (
     REMOTE_WARNING,
     LaunchOptions,
@@ -71,6 +77,7 @@ def launch(
     cwd: str | None = None,
     echo: bool = True,
     grace_seconds: float = 5.0,
+    resize_grace_seconds: float = 60.0,
     dry_run: bool = False,
     data_service_workers: int = 0,
     min_workers: int | None = None,
@@ -119,6 +126,9 @@ def launch(
             `True`.
         grace_seconds: Seconds between SIGTERM and SIGKILL when stopping workers.
             Defaults to `5.0`.
+        resize_grace_seconds: The same when an elastic launch resizes: time for
+            the backup at the agreed step. Past it, the resize counts as a
+            restart (the backup may not have completed). Defaults to `60.0`.
         dry_run: Print each worker's `TF_CONFIG` and start nothing. Defaults to
             `False`.
         data_service_workers: Also start a tf.data service dispatcher and this
@@ -142,9 +152,11 @@ def launch(
             returning the lines. Asked every `discover_seconds`; when the
             number of slots changes while the group runs, the workers are
             stopped with SIGTERM (a backup at an agreed step, exit 0) and
-            started again on the new number (not counted as a restart). Each
-            worker gets its line as `KERAS_REPLICATOR_SLOT`. Defaults to
-            `None` (a fixed group).
+            started again on the new number (not counted as a restart, unless
+            one ran past `resize_grace_seconds`). Each worker gets its line as
+            `KERAS_REPLICATOR_SLOT`; an answer over 1 MiB or with a slot that
+            is not up to 4096 printable characters is a failed question (the
+            slots stay as last known). Defaults to `None` (a fixed group).
         discover_seconds: Seconds between two questions to `discover`.
             Defaults to `5.0`.
         gpus_per_worker: GPUs each local worker sees through its own
@@ -183,6 +195,7 @@ def launch(
         ports=ports,
         port_base=port_base,
         grace_seconds=grace_seconds,
+        resize_grace_seconds=resize_grace_seconds,
         echo=echo,
         dry_run=dry_run,
         env=env,
@@ -279,6 +292,7 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
                 specs,
                 services=plan.services,
                 stop_when=_resize_wanted(discovery, slots[:size], options),
+                stop_when_grace=options.resize_grace_seconds,
                 **runner_options,
             )
         if (
@@ -298,8 +312,11 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
             continue
         if result.timed_out or (result.ok and not result.preempted):
             break
-        resized = result.interrupted and not _failed_on_its_own(result)
-        if not resized and attempt >= options.max_restarts:
+        resized = result.interrupted and not failed_on_its_own(result)
+        cut = resized and killed_at_the_end(result)  # maybe mid-backup
+        if (cut or not resized) and attempt >= options.max_restarts:
+            if cut and options.echo:
+                _note(f"{CUT_SHORT}, and none is left (max_restarts={attempt}).")
             break
         earlier.append(result)
         before = size
@@ -311,14 +328,14 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
                 break
             slots = fresh
             size = workers_for(slots, options.num_workers)
-        if resized:
+        if resized and not cut:
             resizes += 1
             why = "the slots changed"
         else:
             attempt += 1
             why = f"restart {attempt} of {options.max_restarts}"
         if options.echo:
-            _note(_restart_note(result, before, size, why, resized))
+            _note(restart_note(result, before, size, why, resized, cut))
         plan = _plan(options, size, plan)  # fresh ports: the old ones may linger
     return dataclasses.replace(
         result, restarts=attempt, previous=tuple(earlier), resizes=resizes
@@ -335,37 +352,12 @@ def _plan(options: LaunchOptions, size: int | None, before: ClusterPlan) -> Clus
     )
 
 
-def _failed_on_its_own(result: LaunchResult) -> bool:
-    """Whether a worker failed before the launcher stopped the group.
-
-    A lost worker whose slot discovery drops at the same moment is a failure
-    (counted in `max_restarts`) whichever the launcher noticed first.
-    """
-    return any(w.returncode not in (0, None) and not w.stopped for w in result.workers)
-
-
 def _resize_wanted(discovery, running: tuple, options: LaunchOptions):
     """`run_group`'s `stop_when`: whether the slots now call for another group."""
     if discovery is None:
         return None
     most, fewest = options.num_workers or 1, options.fewest_workers
     return lambda: resize_wanted(running, discovery.latest, most, fewest)
-
-
-def _restart_note(result, before: int, size: int, why: str, resized: bool) -> str:
-    if resized:
-        head = (
-            f"discover allows {size} worker(s), {before} were running; they were "
-            "stopped (SIGTERM: a backup at an agreed step)"
-        )
-    else:
-        head = result.headline()
-    if size == before:
-        return f"{head}. Restarting all {size} workers ({why})."
-    return (
-        f"{head}. Restarting on {size} workers instead of {before} ({why}); "
-        "BackupAndRestore resumes at its last backup with the same global batch."
-    )
 
 
 def _no_slots(options: LaunchOptions, waiting_since: float) -> LaunchResult:

@@ -47,6 +47,7 @@ class LaunchOptions:
     ports: Sequence[int] | None = None  # stored as a tuple
     port_base: int = DEFAULT_SLURM_PORT_BASE
     grace_seconds: float = 5.0
+    resize_grace_seconds: float = 60.0
     echo: bool = True
     dry_run: bool = False
     env: Mapping[str, str] | None = None
@@ -87,6 +88,9 @@ class LaunchOptions:
         _check_int("max_restarts", self.max_restarts, minimum=0, hint="Use 0")
         _check_seconds("timeout", self.timeout, allow_none=True)
         _check_seconds("grace_seconds", self.grace_seconds, allow_none=False)
+        _check_seconds(
+            "resize_grace_seconds", self.resize_grace_seconds, allow_none=False
+        )
         if not isinstance(self.host, str) or not self.host:
             raise TypeError(
                 "`host` must be a host name or IP address string. "

@@ -25,7 +25,8 @@ Supervision rules:
 - `stop_when` (the elastic launcher's resize) is asked every poll; when it
   answers True the workers are stopped like a deadline stops them (SIGTERM, which
   `BackupAndRestore` turns into a backup at an agreed step and an exit with 0),
-  and the result says `interrupted`.
+  but with a grace of its own (`stop_when_grace`: a backup can take longer than
+  a shutdown), and the result says `interrupted`.
 - The result keeps, for every worker, its exit code, when it exited, whether the
   launcher stopped it, and the tail of its output. `first_failure` is the worker
   that failed first *in time* and on its own, which is the one to blame: the others
@@ -209,11 +210,13 @@ def run_group(
     grace_seconds: float = 5.0,
     services: Sequence[WorkerSpec] = (),
     stop_when: Callable[[], bool] | None = None,
+    stop_when_grace: float | None = None,
 ) -> LaunchResult:
     """Starts one process per spec and supervises them (see the module docstring).
 
     `services` are started first and stopped when every spec's process exited.
-    `stop_when`, asked every poll, stops the workers when it returns True.
+    `stop_when`, asked every poll, stops the workers when it returns True, with
+    `stop_when_grace` seconds (default `grace_seconds`) before the SIGKILL.
     """
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
@@ -261,6 +264,8 @@ def run_group(
                         break
             time.sleep(_POLL_SECONDS)
     finally:
+        if interrupted and stop_when_grace is not None:
+            grace_seconds = stop_when_grace
         stopped.update(_stop(processes, grace_seconds))
         now = time.monotonic() - started
         for position in range(len(processes)):

@@ -46,9 +46,9 @@ def test_write_atomically_publishes_shards_before_their_index(tmp_path, monkeypa
     published = []
     real_replace = os.replace
 
-    def recording_replace(source, target):
+    def recording_replace(source, target, **directories):
         published.append(os.path.basename(target))
-        real_replace(source, target)
+        real_replace(source, target, **directories)
 
     def sharded(staged):
         directory = os.path.dirname(staged)

@@ -193,3 +193,24 @@ def test_between_workers_a_steps_agreement_is_read_after_the_next_step():
     agreement.end()
     assert _preemption.step_agreement(model) is None
     assert not agreement.stop_at_epoch_end()
+
+
+@pytest.mark.parametrize("agreed", [0.25, -0.5, float("nan"), float("inf"), -1.0])
+def test_any_agreed_flag_but_zero_stops(agreed):
+    """Issue 49, item 11. Before: "mean > 0", so a member sending NaN or a negative
+    number hid another worker's signal."""
+    import tensorflow as tf
+
+    from keras_replicator import _preemption
+
+    class Model:
+        pass
+
+    agreement = _preemption.StepAgreement(_preemption.Preemption([]), Model())
+    agreement.record(tf.constant(0.0))
+    assert not agreement.stop_at_epoch_end()
+    agreement.record(tf.constant(agreed))
+    agreement.record(tf.constant(-0.0))
+    assert agreement.stop_after_this_step()
+    assert not agreement.stop_at_epoch_end()  # exactly 0, of either sign: go on
+    agreement.end()

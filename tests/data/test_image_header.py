@@ -176,3 +176,53 @@ def test_a_png_bomb_does_not_raise_peak_memory(tmp_path):
     outcome, rise_mb = run.stdout.split()[-2:]
     assert outcome == "refused"
     assert int(rise_mb) < 50, f"peak memory rose by {rise_mb} MB"
+
+
+def gif(screen, frames):
+    """A GIF with a `screen` (width, height) logical screen and black `frames`
+    [(width, height), ...]: each frame LZW-coded as a clear code before every
+    other pixel (2-colour table, 3-bit codes)."""
+    out = (
+        b"GIF89a" + struct.pack("<HHBBB", *screen, 0x80, 0, 0) + bytes(3) + b"\xff" * 3
+    )
+    for width, height in frames:
+        codes = [
+            code
+            for i in range(width * height)
+            for code in ([4, 0] if i % 2 == 0 else [0])
+        ]
+        bits = sum(code << (3 * i) for i, code in enumerate(codes + [5]))
+        data = bits.to_bytes((3 * (len(codes) + 1) + 7) // 8, "little")
+        out += b"\x2c" + struct.pack("<HHHHB", 0, 0, width, height, 0) + b"\x02"
+        for start in range(0, len(data), 255):
+            out += bytes([len(data[start : start + 255])]) + data[start : start + 255]
+        out += b"\x00"
+    return out + b"\x3b"
+
+
+@pytest.mark.parametrize(
+    "screen, frames, shape",
+    [
+        ((1, 1), [(40, 30)], [30, 40]),  # a frame beyond the logical screen
+        ((50, 50), [(10, 10)], [10, 10]),
+        ((10, 10), [(40, 10), (10, 30)], [30, 40]),  # the largest of each side
+    ],
+)
+def test_a_gif_is_sized_by_its_frames_not_its_logical_screen(screen, frames, shape):
+    """Issue 49, item 10. Before: the logical screen's size was read, while TF
+    decodes at the frames' (a 1x1 screen and a 12000x12000 frame cost 564 MB)."""
+    encoded = gif(screen, frames)
+    decoded = tf.io.decode_gif(encoded)
+    assert list(decoded.shape[1:3]) == shape
+    assert _image_header.header_shape(tf.constant(encoded)).numpy().tolist() == shape
+    got, count = _image_header.gif_frames(tf.constant(encoded))
+    assert got.numpy().tolist() == shape and int(count) == len(frames)
+
+
+@pytest.mark.parametrize("frames", [[(64, 64)], [(20, 20)] * 5])
+def test_a_gif_over_the_budget_in_its_frames_is_refused(tmp_path, frames):
+    # 4096 and 5 x 400 = 2000 pixels decoded; the logical screen says 1.
+    path = _write(tmp_path / "gif.tfrecord", [gif((1, 1), frames)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_pixels=1600"):
+        _read(path, max_pixels=1600)
+    np.testing.assert_array_equal(_read(path, max_pixels=4096), [0])

@@ -18,6 +18,7 @@ import pytest
 from keras_replicator.launch import LaunchOptions, launch
 from keras_replicator.launch._elastic import Discovery, workers_for
 from keras_replicator.launch._signals import StopSignal, stop_on_signals
+from tests.launch._processes import gone as _gone
 
 PY = sys.executable
 
@@ -212,6 +213,7 @@ def test_discovery_answers_and_failures(capsys):
         (dict(num_workers=2, discover="  "), "Received: discover='  '"),
         (dict(cluster="tf-config", discover="cat s"), "need `num_workers`"),
         (dict(num_workers=2, discover="cat s", discover_seconds=0), "positive"),
+        (dict(num_workers=2, discover="cat s", resize_grace_seconds=0), "resize_grace"),
     ],
 )
 def test_elastic_options_are_checked_up_front(options, message):
@@ -312,7 +314,7 @@ def test_waiting_in_vain_for_slots_after_a_failure_is_no_restart(tmp_path):
 
 def test_no_group_starts_after_the_deadline(tmp_path):
     # The slots change; the workers ignore SIGTERM, so stopping them takes the
-    # grace period, past the deadline: no new group is started then.
+    # resize's grace period, past the deadline: no new group is started then.
     slots = _slots(tmp_path, "a", "b")
     stubborn = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -326,7 +328,8 @@ def test_no_group_starts_after_the_deadline(tmp_path):
             discover=f"cat {slots}",
             discover_seconds=0.1,
             timeout=1.5,
-            grace_seconds=2,
+            resize_grace_seconds=2,
+            max_restarts=1,  # the SIGKILL at the grace's end makes it a restart
             echo=False,
         )
     assert result.timed_out and result.workers == ()
@@ -361,3 +364,150 @@ def test_a_signal_while_discovery_is_asked_stops_the_launch():
         with pytest.raises(StopSignal):
             discovery.ask()
     timer.join()
+
+
+@pytest.mark.parametrize(
+    "answer, why",
+    [
+        ("head -c 3000000 /dev/zero | tr '\\0' a", "more than 1048576 bytes"),
+        ("head -c 200000 /dev/zero | tr '\\0' a", "at most 4096 printable"),
+        ("printf 'gpu0\\nbad\\0slot\\n'", "at most 4096 printable"),
+    ],
+)
+def test_an_answer_too_long_or_with_a_control_character_is_a_failure(
+    answer, why, capsys
+):
+    """Before: 64 MB of output was read whole; a slot over 128 KiB or with a NUL
+    made starting the workers crash with OSError / ValueError."""
+    discovery = Discovery("echo a", 1.0)
+    assert discovery.ask() == ("a",)
+    discovery.discover = answer
+    assert discovery.ask() is None and discovery.latest == ("a",)
+    err = capsys.readouterr().err
+    assert why in err and "the slots stay as last known" in err
+    assert Discovery(lambda: ["ok", "x" * 5000], 1.0, echo=False).ask() is None
+
+
+def test_closing_discovery_kills_the_command_it_runs(tmp_path):
+    """Before: `close()` left the shell and its child running, never reaped."""
+    pids = tmp_path / "pids"
+    discovery = Discovery(f"sleep 60 & echo $$ $! > {pids}; wait", 0.05, echo=False)
+    discovery.start()
+    while not pids.exists() or not pids.read_text().strip():
+        time.sleep(0.02)
+    discovery.close()
+    assert _gone(*map(int, pids.read_text().split()))
+
+
+# On SIGTERM the worker "backs up" for `seconds`, then says it was preempted and
+# exits 0, as BackupAndRestore does; alone, it first announces a second slot.
+SLOW_BACKUP = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    slots_file, seconds = sys.argv[1], float(sys.argv[2])
+    env = os.environ
+
+    def back_up(*_):
+        time.sleep(seconds)
+        with open(env["KERAS_REPLICATOR_PREEMPTED_FILE"], "w") as f:
+            f.write("here")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, back_up)
+    if env["KERAS_REPLICATOR_NUM_WORKERS"] == "1":
+        with open(slots_file, "w") as f:
+            f.write("a\\nb\\n")
+        time.sleep(60)  # until the launcher resizes
+    """
+)
+
+
+def _resize_with_backup(tmp_path, backup_seconds, **options):
+    slots = _slots(tmp_path, "a")
+    return launch(
+        [PY, "-c", SLOW_BACKUP, slots, str(backup_seconds)],
+        num_workers=2,
+        min_workers=1,
+        discover=f"cat {slots}",
+        discover_seconds=0.2,
+        grace_seconds=0.5,
+        timeout=60,
+        **options,
+    )
+
+
+def test_a_resize_waits_for_the_backup_with_its_own_grace(tmp_path):
+    """Issue 49, item 8. Before: SIGKILL after `grace_seconds` (5 s), even in the
+    middle of the backup at the agreed step."""
+    result = _resize_with_backup(tmp_path, 2.0, resize_grace_seconds=20, echo=False)
+    assert result.ok, result.describe_failure()
+    assert (result.restarts, result.resizes) == (0, 1)
+    (small,) = result.previous
+    assert [w.returncode for w in small.workers] == [0] and small.preempted
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_resize_cut_short_by_its_grace_counts_as_a_restart(
+    tmp_path, capfd, max_restarts
+):
+    """Before: still noted as "a backup at an agreed step" and not counted, so a
+    flapping discovery could cut every backup and loop without bound."""
+    started = time.monotonic()
+    result = _resize_with_backup(
+        tmp_path, 30.0, resize_grace_seconds=0.5, max_restarts=max_restarts
+    )
+    err = capfd.readouterr().err
+    assert "may not have completed, which counts as a restart" in err
+    assert result.resizes == 0
+    if max_restarts:
+        assert result.ok and result.restarts == 1, result.describe_failure()
+        assert "(restart 1 of 1)" in err
+    else:
+        assert not result.ok and result.interrupted and "none is left" in err
+        assert [w.returncode for w in result.workers] == [-signal.SIGKILL]
+    assert time.monotonic() - started < 30
+
+
+def test_sigterm_to_the_launcher_kills_the_discovery_command_it_runs(tmp_path):
+    """Issue 49, item 9. Before: the command's shell and child outlived the
+    launcher, never reaped."""
+    import subprocess
+
+    pids, started = tmp_path / "pids", tmp_path / "started"
+    discover = (
+        f"if [ -f {started} ]; then sleep 60 & echo $$ $! >> {pids}; wait; fi; "
+        f"touch {started}; echo a"
+    )
+    launcher = subprocess.Popen(
+        [
+            os.path.join(os.path.dirname(PY), "keras-replicator"),
+            "launch",
+            "-n",
+            "1",
+            "--min-workers",
+            "1",
+            "--discover",
+            discover,
+            "--discover-seconds",
+            "0.2",
+            "--resize-grace-seconds",
+            "5",
+            "--",
+            PY,
+            "-c",
+            "import time; time.sleep(60)",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not pids.exists() or not pids.read_text().strip():
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert _gone(*map(int, pids.read_text().split()))
