@@ -12,7 +12,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[tensorflow,dev,demo,notebooks]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[tensorflow,dev,demo,notebooks,clients]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

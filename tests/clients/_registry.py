@@ -39,6 +39,7 @@ CASE_MODULES = (
     "kerasio_distributed_training",
     "kerasio_custom_train_step",
     "keras_optimizer_distribute",
+    "kerashub_kerastuner",
     "tf_multi_worker_keras",
     "tf_multi_worker_ctl",
 )
