@@ -7,9 +7,20 @@ model's `get_weights()` loads into the partitioned one unchanged. The parent's
 kept in `tile_padding`: the parent's `call` then convolves the extended tile
 (`_halo.extend`) with `valid` padding. Nothing is switched during `call`, which
 matters because MirroredStrategy traces the replicas in concurrent threads.
+
+The layer's activation is set to `linear` the same way, and the user's kept in
+`tile_activation` and applied last, outside the halo machinery: Keras' cross-
+entropy losses recover the logits from an output that a `softmax` / `sigmoid`
+made (`_keras_logits`, or a `Softmax` op), and otherwise clip the probabilities
+to `[epsilon, 1 - epsilon]`. A final activation inside the recompute wrapper (or
+before the transposed convolution's crop) hid it, so a partitioned model's loss
+and gradient were the clipped ones wherever a probability fell below 1e-7
+(issue 53: keras-io's full-depth U-Net trained on another loss than one device).
 """
 
 from __future__ import annotations
+
+import keras
 
 from keras_replicator._arguments import check_int
 from keras_replicator.spatial import _geometry, _halo, _recompute
@@ -41,8 +52,17 @@ class TiledMixin:
         self.parts = parts
         self.tile_padding = self.padding
         self.padding = "valid"
+        self.tile_activation = getattr(self, "activation", None)
+        if self.tile_activation is not None:
+            self.activation = keras.activations.linear
 
     def call(self, inputs):
+        outputs = self._window_call(inputs)
+        if self.tile_activation is None:
+            return outputs
+        return self.tile_activation(outputs)
+
+    def _window_call(self, inputs):
         plan = self._plan(inputs.shape[1])
         width_window = self._width_window()
         if _halo.is_identity(plan, width_window, inputs.shape):
@@ -106,5 +126,7 @@ class TiledMixin:
     def get_config(self):
         config = super().get_config()
         config["padding"] = self.tile_padding
+        if self.tile_activation is not None:
+            config["activation"] = keras.activations.serialize(self.tile_activation)
         config["parts"] = self.parts
         return config
