@@ -201,6 +201,23 @@ def test_a_link_that_cannot_map_keeps_socket_payloads():
         np.testing.assert_array_equal(result[0], sum(flats))
 
 
+def test_a_flooded_listener_is_said_and_the_link_keeps_socket_payloads():
+    """Another local user filling worker 1's listener backlog (issue 49, item 6):
+    worker 0's hand-over times out; the link falls back to TCP with a warning."""
+
+    def flooded(name):
+        if threading.current_thread().name == "open 0":
+            raise TimeoutError("timed out")
+
+    with pytest.warns(UserWarning, match="may have been flooded by another local"):
+        rings = _linked_rings(2, before_connect=flooded)
+    assert rings[0]._link.outbox is None and rings[1]._link.inbox is None
+    flats = _integers(2, 1000, np.float32, seed=6)
+    out, errors, _ = _together(rings, lambda r, ring: ring.all_reduce(flats[r]))
+    assert not any(errors), errors
+    np.testing.assert_array_equal(out[0][0], flats[0] + flats[1])
+
+
 def test_a_segment_that_cannot_grow_sends_through_the_socket(monkeypatch):
     rings = _linked_rings(2)
     attempts = []

@@ -131,3 +131,32 @@ def test_float32_lora_kernels_in_a_float64_model_clip_like_one_device():
 
     one_device = fit(tf.distribute.OneDeviceStrategy("/cpu:0"))
     assert _max_difference(fit(_two_replicas()), one_device) < 1e-6
+
+
+def test_a_global_norm_over_two_dtypes_clips_like_the_formula():
+    """A float64 model whose LoRA kernels Keras keeps float32, beside a trainable
+    float64 bias (keras-hub's GPT-2 + LoRA in float64): Keras' own
+    `clip_by_global_norm` raises on one device; ours clips one step exactly as
+    the formula says, with the norm summed in float64."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 6)), rng.normal(size=(8, 1))
+    with _two_replicas().scope():
+        keras.utils.set_random_seed(1)
+        dense = keras.layers.Dense(1)
+        inputs = keras.Input((6,))
+        model = keras.Model(inputs, dense(inputs))
+        dense.enable_lora(2)
+        model.compile(keras.optimizers.SGD(0.1, global_clipnorm=0.01), "mse")
+    before = [w.numpy() for w in model.trainable_weights]
+    assert {w.dtype for w in model.trainable_weights} == {"float32", "float64"}
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y, model(x))
+    gradients = tape.gradient(loss, model.trainable_weights)
+    norm = np.sqrt(
+        sum(np.sum(np.square(g.numpy().astype("float64"))) for g in gradients)
+    )
+    assert norm > 0.01  # the clip is active
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for w, b, g in zip(model.trainable_weights, before, gradients):
+        expected = b - 0.1 * g.numpy() * (0.01 / norm)
+        np.testing.assert_allclose(w.numpy(), expected, rtol=1e-6, atol=1e-9)

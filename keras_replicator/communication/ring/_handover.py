@@ -26,6 +26,7 @@ import secrets
 import socket
 import struct
 import time
+import warnings
 
 import numpy as np
 
@@ -120,7 +121,20 @@ def _hand_over(outbox, right, deadline):
     pid, _, name, _ = right
     try:
         channel = connect(name, pid, deadline)
-    except (OSError, Refused):
+    except (TimeoutError, BlockingIOError, Refused) as error:
+        # The listener exists on this machine but did not answer as the
+        # neighbour: its backlog was full or another process holds its name.
+        # Anyone on the machine can see and connect to an abstract name
+        # (/proc/net/unix), so another user can cause this; say so.
+        warnings.warn(
+            "The shared-memory hand-over to the next worker on this machine "
+            f"failed ({type(error).__name__}: {error}); its listener may have "
+            "been flooded by another local process. This link sends its "
+            "payloads over TCP instead (correct, slower).",
+            stacklevel=2,
+        )
+        return None
+    except OSError:  # no such name here: the neighbour is on another machine
         return None
     try:
         send(channel, outbox, 0, deadline)
