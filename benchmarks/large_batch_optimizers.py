@@ -26,21 +26,17 @@ the training set, NLCG's regime), over `--seeds` seeds (mean +- std):
   0.002 at x16; 1e-7 and 0 train); evaluated on its true weights (`fit` ends with
   them);
 - `NLCG` (Adya et al. 2018): the SGD peak rate and warmup, diagonal-BFGS
-  preconditioner and the loss-trend step control, which `fit` feeds.
+  preconditioner and the loss-trend step control, which `fit` feeds
+  (`--nlcg-variant`: one row per step-control timing, see docs/optimizers.md).
 
 All rates decay to 0 with the power-2 polynomial schedule after their warmup
 (`PolynomialDecayWithWarmup`), so only the recipe changes. Runs are on one device:
 the library's replicators train to one device's weights (tests/optimizers), so the
 numbers hold for any replica count at the same global batch.
 
-How the defaults were picked, without the test set: `--validation` trains on the
-first 80% of the training split and scores the last 20%. With 2 seeds at x16 and
-x32 (30 epochs), warmup 2 / 5 / 10 epochs x `eeta` 0.02 / 0.05 / 0.1 / 0.2, then
-LARS weight decay 1e-4 / 1e-3 and a LARS base rate of 0.02 / 0.01 with `eeta` 0.1
-(docs/optimizers.md lists every point), the best x32 LARS score was warmup 2,
-`eeta` 0.05, weight decay 1e-3 (eeta >= 0.1 at base rate 0.05 diverges). The
-warmup is shared by every warmup recipe (SGD + warmup also scored best at 2 at
-x32, alike at x16). The other rates (0.05, LAMB 0.002, Neumann) were not tuned.
+How the defaults were picked without the test set (`--validation` trains on the
+first 80% of the training split and scores the last 20%): docs/optimizers.md, "How
+LARS' values were picked" (LARS and the shared warmup; the other rates: as given).
 
     python benchmarks/large_batch_optimizers.py [--seeds 5] [--epochs 30]
     python benchmarks/large_batch_optimizers.py --validation --seeds 2 \\
@@ -76,16 +72,20 @@ class Config:
     batch_size: int
     peak_learning_rate: float
     warmup_epochs: float
+    variant: str | None = None  # NLCG's reverted timing parts (None: the default)
+
+    @property
+    def label(self) -> str:
+        return self.recipe if self.variant is None else f"NLCG [{self.variant}]"
 
     @property
     def name(self) -> str:
-        return f"{self.recipe} @ batch {self.batch_size}"
+        return f"{self.label} @ batch {self.batch_size}"
 
 
 def split_validation(data, fraction: float):
-    """((x_fit, y_fit), (x_val, y_val)): the last `fraction` of the training split.
-
-    Used by `--validation` to choose hyperparameters without looking at the test set.
+    """((x_fit, y_fit), (x_val, y_val)): `--validation`'s split, the last `fraction`
+    of the training split held out (to choose hyperparameters without the test set).
     """
     (x_train, y_train), _ = data
     cut = len(x_train) - round(fraction * len(x_train))
@@ -102,8 +102,7 @@ def load_mnist1d(num_samples: int, seed: int = 42):
             "`pip install mnist1d==0.0.2.post1`)."
         ) from error
     args = get_dataset_args()
-    args.num_samples = num_samples
-    args.seed = seed
+    args.num_samples, args.seed = num_samples, seed
     data = make_dataset(args)  # generates; `get_dataset` would download
     train = (data["x"].astype("float32"), data["y"].astype("int32"))
     test = (data["x_test"].astype("float32"), data["y_test"].astype("int32"))
@@ -149,7 +148,7 @@ def train(config: Config, seed: int, data, args) -> dict:
     import keras
     import numpy as np
 
-    from keras_replicator.optimizers import UseTrueWeights
+    from keras_replicator.optimizers import UseTrueWeights, _nlcg_steps
     from keras_replicator.schedules import PolynomialDecayWithWarmup
 
     (x_train, y_train), (x_test, y_test) = data
@@ -164,23 +163,25 @@ def train(config: Config, seed: int, data, args) -> dict:
     )
     keras.utils.set_random_seed(seed)
     model = build_model(keras)
-    optimizer = make_optimizer(config, schedule, args, steps_per_epoch)
-    model.compile(
-        optimizer,
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        jit_compile=False,
-    )
-    callbacks = [UseTrueWeights()] if config.recipe == "Neumann" else []
-    start = time.perf_counter()
-    history = model.fit(
-        x_train,
-        y_train,
-        batch_size=config.batch_size,
-        epochs=args.epochs,
-        callbacks=callbacks,
-        verbose=0,
-    ).history
+    reverted = {"authors": "", "pre": "abcde"}.get(config.variant, config.variant)
+    with _nlcg_steps.timing(reverted):  # NLCG reads it when `fit` builds it
+        optimizer = make_optimizer(config, schedule, args, steps_per_epoch)
+        model.compile(
+            optimizer,
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            jit_compile=False,
+        )
+        callbacks = [UseTrueWeights()] if config.recipe == "Neumann" else []
+        start = time.perf_counter()
+        history = model.fit(
+            x_train,
+            y_train,
+            batch_size=config.batch_size,
+            epochs=args.epochs,
+            callbacks=callbacks,
+            verbose=0,
+        ).history
     seconds = time.perf_counter() - start
     _, accuracy = model.evaluate(x_test, y_test, batch_size=1000, verbose=0)
     loss = history["loss"][-1]
@@ -211,7 +212,11 @@ def configurations(args, train_size: int) -> list[Config]:
             else:
                 peak = args.base_learning_rate * multiplier
             warmup = 0.0 if recipe == "SGD" or multiplier == 1 else args.warmup_epochs
-            configs.append(Config(recipe, multiplier, batch, peak, warmup))
+            variants = [None]
+            if recipe == "NLCG" and getattr(args, "nlcg_variant", None):
+                variants = args.nlcg_variant.split(",")
+            for variant in variants:
+                configs.append(Config(recipe, multiplier, batch, peak, warmup, variant))
     return configs
 
 
@@ -224,19 +229,15 @@ def summarize(configs, runs) -> list[dict]:
         mean = statistics.mean(accuracies)
         rows.append(
             {
-                "recipe": config.recipe,
-                "batch": config.batch_size,
-                "multiplier": config.multiplier,
-                "peak_lr": config.peak_learning_rate,
-                "warmup_epochs": config.warmup_epochs,
-                "mean": mean,
+                "recipe": config.label, "batch": config.batch_size,
+                "multiplier": config.multiplier, "peak_lr": config.peak_learning_rate,
+                "warmup_epochs": config.warmup_epochs, "mean": mean,
                 "std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
-                "diff": mean - base_mean,
-                "ratio": mean / base_mean,
+                "diff": mean - base_mean, "ratio": mean / base_mean,
                 "seconds": statistics.mean(r["seconds"] for r in runs[config.name]),
                 "accuracies": accuracies,
             }
-        )
+        )  # fmt: skip
     return rows
 
 
@@ -266,7 +267,7 @@ def plot(rows, path: Path, epochs: int, evaluated_on: str = "test") -> None:
     import numpy as np
 
     batches = sorted({row["batch"] for row in rows})
-    recipes = [r for r in RECIPES if any(row["recipe"] == r for row in rows)]
+    recipes = list(dict.fromkeys(row["recipe"] for row in rows))
     figure, axis = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(recipes)
     for i, recipe in enumerate(recipes):
@@ -283,11 +284,11 @@ def plot(rows, path: Path, epochs: int, evaluated_on: str = "test") -> None:
     axis.legend(fontsize=8, ncol=3, loc="upper right")
     axis.set_title(f"mnist1d MLP, {epochs} epochs at every batch (dashed: x1 SGD)")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line's arguments (`argv`: a list, default `sys.argv[1:]`)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -300,29 +301,23 @@ def main() -> None:
     parser.add_argument("--warmup-epochs", type=float, default=2)
     parser.add_argument("--eeta", type=float, default=0.05)
     parser.add_argument("--lars-weight-decay", type=float, default=1e-3)
-    parser.add_argument(
-        "--lars-learning-rate",
-        type=float,
-        default=None,
-        help="LARS' x1 rate, scaled linearly (default: --base-learning-rate)",
-    )
-    parser.add_argument("--neumann-reset-epochs", type=float, default=10)
-    parser.add_argument(
-        "--neumann-beta",
-        type=float,
-        default=1e-7,
-        help="repulsive term per parameter (paper: 1e-5, which diverges here)",
-    )
-    parser.add_argument(
-        "--neumann-learning-rate",
-        type=float,
-        default=None,
-        help="Neumann's x1 rate, scaled linearly (default: --base-learning-rate)",
-    )
+    for flag, default, text in (
+        ("--lars-learning-rate", None, "LARS' x1 rate, scaled linearly"),
+        ("--neumann-reset-epochs", 10, "epochs before Neumann's first reset"),
+        ("--neumann-beta", 1e-7, "repulsive term per parameter (paper: 1e-5, "
+         "which diverges here)"),
+        ("--neumann-learning-rate", None, "Neumann's x1 rate, scaled linearly"),
+    ):  # fmt: skip
+        parser.add_argument(flag, type=float, default=default, help=text)
     parser.add_argument(
         "--recipes",
         default=",".join(RECIPES),
         help="comma-separated subset of the recipes (x1 SGD always runs)",
+    )
+    parser.add_argument(
+        "--nlcg-variant",
+        help="comma-separated NLCG step-control timings, one row each: authors, "
+        "pre, or the letters of the parts taken from before 1e9b5d4 (a, bd, ...)",
     )
     parser.add_argument(
         "--validation",
@@ -333,11 +328,10 @@ def main() -> None:
     parser.add_argument(
         "--output",
         type=Path,
-        default=None,
         help="PNG path; the JSON goes beside it (default: "
         "benchmarks/large_batch_optimizers.png; with --validation: none)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     recipes = [r.strip() for r in args.recipes.split(",")]
     if not recipes or not set(recipes) <= set(RECIPES):
         parser.error(
@@ -355,29 +349,30 @@ def main() -> None:
             f"--seeds and --epochs must be >= 1. Received: --seeds={args.seeds}, "
             f"--epochs={args.epochs}."
         )
+    return args
 
+
+def measure(args):
+    """Trains every configuration over the seeds: `(data, seeds, summary rows)`."""
+    recipes = [r.strip() for r in args.recipes.split(",")]
     data = load_mnist1d(args.num_samples)
     if args.validation:
         data = split_validation(data, 0.2)
-    configs = [
-        c
-        for c in configurations(args, len(data[0][0]))
-        if c.recipe in recipes or (c.recipe == "SGD" and c.multiplier == 1)
-    ]
-    if not any(c.recipe == "SGD" and c.multiplier == 1 for c in configs):
-        configs = (
-            configurations(
-                argparse.Namespace(**{**vars(args), "multipliers": "1"}),
-                len(data[0][0]),
-            )[:1]
-            + configs
-        )
+    size, x1 = len(data[0][0]), argparse.Namespace(**{**vars(args), "multipliers": "1"})
+    baseline = configurations(x1, size)[0]  # x1 SGD, always run
+    others = [c for c in configurations(args, size) if c.recipe in recipes]
+    configs = [baseline] + [c for c in others if c != baseline]
     seeds = list(range(args.seeds))
     runs = {config.name: [] for config in configs}
     for seed in seeds:  # seed-major, so machine noise hits all configurations alike
         for config in configs:
             runs[config.name].append(train(config, seed, data, args))
-    rows = summarize(configs, runs)
+    return data, seeds, summarize(configs, runs)
+
+
+def main() -> None:
+    args = parse_args()
+    data, seeds, rows = measure(args)
     evaluated_on = "validation" if args.validation else "test"
     print(
         f"mnist1d: {len(data[0][0])} train / {len(data[1][0])} {evaluated_on} "

@@ -6,6 +6,8 @@ quantities (dot products) are summed in float64, in variable order.
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from keras_replicator.optimizers._whole_list import _raw
@@ -25,6 +27,58 @@ STEP_CONTROL_BANDS = (
 )
 STEP_GROWTH = 1.05
 MIN_MULTIPLIER = 1e-4
+
+#: Private, not API: the step-control timing, one switch per part of commit
+#: 1e9b5d4 ("NLCG step control follows the authors' code"). `True` follows the
+#: authors' code (apple/ml-ncg's graph in dataflow order), `False` the timing
+#: before it. The default departs from the authors' code in (a) and (b) only: on
+#: mnist1d at batch 2,000 the authors' timing scored 26.2 +- 16.1% test accuracy,
+#: this default 58.9 +- 5.7 (5 seeds, docs/optimizers.md). Every part changes
+#: updates only once a check has cut the step. Read by `NLCG.build`; set only
+#: through `timing` (the large-batch benchmark's `--nlcg-variant`) and the tests.
+AUTHORS_TIMING = {
+    # (a) a check compares the loss average *before* this update's loss (False:
+    #     after it, ours) with the one saved at the previous check;
+    "a": False,
+    # (b) a new multiplier takes effect at the next update (False: at this one,
+    #     ours);
+    "b": False,
+    # (c) a take-back applies the authors' blend `(1 - p) * d - p * (c_old /
+    #     c_new) * d_prev` at the applied rate (with (b) False it takes back
+    #     `p * lr * c_old * d_prev`) (False: `p` times the previous update,
+    #     `prev_scale * d_prev`);
+    "c": True,
+    # (d) the stored direction is `d` (False: the blend actually applied);
+    "d": True,
+    # (e) the BFGS `s` is this update's `lr * c` times `d_prev` (False: the
+    #     previous update's rate, `prev_scale * d_prev`).
+    "e": True,
+}
+
+
+@contextlib.contextmanager
+def timing(reverted: str | None):
+    """Private: `NLCG`s built inside use the pre-1e9b5d4 timing for `reverted`.
+
+    `reverted` names parts of `AUTHORS_TIMING` (`"ac"`, `"abcde"`; `""` is the
+    authors' code throughout, `None` leaves the default). Only the large-batch
+    benchmark and tests use it.
+    """
+    if reverted is None:
+        yield
+        return
+    unknown = set(reverted) - set(AUTHORS_TIMING)
+    if unknown:
+        raise ValueError(
+            f"Unknown NLCG timing parts {sorted(unknown)}; use letters of "
+            f"{''.join(AUTHORS_TIMING)}. Received: reverted={reverted!r}."
+        )
+    saved = dict(AUTHORS_TIMING)
+    AUTHORS_TIMING.update({k: k not in reverted for k in AUTHORS_TIMING})
+    try:
+        yield
+    finally:
+        AUTHORS_TIMING.update(saved)
 
 
 def lars(gradient, weight, eta):
@@ -67,21 +121,24 @@ def bfgs_diagonal(first, grads, previous_grads, d_prev, scale, b, epsilon):
     return new_b
 
 
-def step_control(first, check, multiplier, loss, ema, ema_old, smoothing, threshold):
-    """One step of the loss-trend control, timed as the authors' code runs.
+def step_control(
+    first, check, multiplier, loss, ema, ema_old, smoothing, threshold, lagged=True
+):
+    """One step of the loss-trend control.
 
-    The check compares the loss average *before* this update's loss is folded in
-    with the one saved at the previous check (which included that check's loss):
-    the authors' TF1 graph reads the average before its assign runs. The new
-    multiplier takes effect at the next update.
+    With `lagged` (the authors' code: their TF1 graph reads the average before its
+    assign runs) the check compares the loss average *before* this update's loss
+    is folded in with the one saved at the previous check (which included that
+    check's loss); without, the average after it.
 
     Returns:
         `(new multiplier, share taken back, ema, ema_old)` after this update.
     """
     new_ema = tf.where(first, loss, smoothing * ema + (1.0 - smoothing) * loss)
+    current = ema if lagged else new_ema
     known = tf.abs(ema_old) > 0
     safe_old = tf.where(known, tf.abs(ema_old), tf.ones_like(ema))
-    rise = tf.where(known, (ema - ema_old) / safe_old, tf.zeros_like(ema))
+    rise = tf.where(known, (current - ema_old) / safe_old, tf.zeros_like(ema))
     grow = rise < STEP_CONTROL_BANDS[-1][0] * threshold
     # Exactly on the lowest threshold: keep the multiplier, take nothing back.
     factor = tf.ones((), "float64")
@@ -100,24 +157,43 @@ def step_control(first, check, multiplier, loss, ema, ema_old, smoothing, thresh
     return new_multiplier, share, new_ema, ema_old
 
 
-def take_back(d, d_prev, scale, new_scale, share):
-    """This update's per-variable values, with a share of the previous step taken back.
+def take_back(d, d_prev, scale, new_scale, prev_scale, share, timing):
+    """`(per-variable updates, stored directions, applied rate)` of one update.
 
-    The authors' code forms the blend `(1 - p) * new_scale * d - p * scale * d_prev`,
-    divides it by the new rate into a direction and then multiplies that by the
-    rate read at the start of the step (the old one), so the update is
-    `scale * ((1 - p) * d - p * (scale / new_scale) * d_prev)`. Without a cut
-    (`p = 0`) or with a zero new rate it is `scale * d`.
+    `scale` and `new_scale` are `lr * c` before and after this update's check,
+    `prev_scale` the previous update's rate (used when `timing["c"]` is False),
+    `share` the share `p` taken back (0 without a cut). The rate applied is
+    `scale` with `timing["b"]` (the new `c` from the next update), else
+    `new_scale`. The authors' code (`timing["c"]`) forms the blend
+    `(1 - p) * new_scale * d - p * scale * d_prev`, divides it by the new rate into
+    a direction and multiplies that by the applied rate: `applied * ((1 - p) * d -
+    p * (scale / new_scale) * d_prev)` (nothing taken back when `new_scale` is 0).
+    Otherwise `(1 - p) * applied * d - p * prev_scale * d_prev`: a share of the
+    previous update. The stored direction is `d` with `timing["d"]`, else the
+    update over the applied rate.
     """
-    taking = tf.logical_and(share > 0, new_scale > 0)
-    safe_new = tf.where(taking, new_scale, tf.ones_like(new_scale))
-    keep = tf.where(taking, 1.0 - share, tf.ones_like(share))
-    remove = tf.where(taking, share * scale / safe_new, tf.zeros_like(share))
-    return [
-        tf.cast(scale, di.dtype)
-        * (tf.cast(keep, di.dtype) * di - tf.cast(remove, di.dtype) * dp)
+    applied = scale if timing["b"] else new_scale
+    if timing["c"]:
+        taking = tf.logical_and(share > 0, new_scale > 0)
+        safe_new = tf.where(taking, new_scale, tf.ones_like(new_scale))
+        remove = share * applied * scale / safe_new
+        remove = tf.where(taking, remove, tf.zeros_like(share))
+    else:
+        taking = share > 0
+        remove = tf.where(taking, share * prev_scale, tf.zeros_like(share))
+    keep = tf.where(taking, (1.0 - share) * applied, applied)
+    updates = [
+        tf.cast(keep, di.dtype) * di - tf.cast(remove, di.dtype) * dp
         for di, dp in zip(d, d_prev)
     ]
+    if timing["d"]:
+        return updates, d, applied
+    blended = tf.logical_and(taking, applied > 0)
+    safe = tf.where(blended, applied, tf.ones_like(applied))
+    stored = [
+        tf.where(blended, u / tf.cast(safe, u.dtype), di) for u, di in zip(updates, d)
+    ]
+    return updates, stored, applied
 
 
 def read(slots):

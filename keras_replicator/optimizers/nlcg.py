@@ -20,18 +20,18 @@ Design decisions:
   wrongly-passed local loss cannot make replicas take different branches (it only
   makes the step control use replica 0's loss). A step that runs with
   `step_control=True` and no loss ever given fails while the step is traced.
-- **Timing of the step control, as the authors' code runs** (measured by running
-  apple/ml-ncg's TF1 graph with the loss ready before the gradient, as in
-  training; our NumPy transcription, given the authors' epsilons, matched it to
-  float32 rounding): the graph reads the step multiplier, the loss average and
-  the previous direction before its own assignments of that step. So a check
-  compares the loss average *before* this update's loss with the one saved at the
-  previous check (a period of 1 would compare a value with itself: it is
-  refused); a new multiplier takes effect at the **next** update; a take-back
-  blends at the new rate and is applied at the old one,
-  `update = lr * c * ((1 - p) * d - p * (c / c_new) * d_prev)`; the stored
-  direction is `d` (not the blend); the BFGS `s` is `lr * c * d_prev` with this
-  update's `lr * c`.
+- **Timing of the step control.** apple/ml-ncg's TF1 graph (run with the loss
+  ready before the gradient; our NumPy transcription matched it to float32
+  rounding) reads the step multiplier, the loss average and the previous
+  direction before that step's own assignments. Ours follows it until a check
+  cuts the step, and departs at cuts in two ways: a check compares the loss
+  average *after* this update's loss (the authors': before it), and a new
+  multiplier applies to this update (the authors': from the next). A take-back
+  is the authors' blend, `update = lr * ((1 - p) * c_new * d - p * c * d_prev)`;
+  the stored direction stays `d` and the BFGS `s` is `lr * c * d_prev`, as in
+  their code. With the authors' timing NLCG lost 31 points at batch 2,000 on
+  mnist1d (docs/optimizers.md); `_nlcg_steps.AUTHORS_TIMING` (private) switches
+  each part.
 - The diagonal BFGS update adds no epsilon to its numerators (the authors' code adds
   `1e-8` to each); `beta`'s denominator has no epsilon either (a zero denominator
   gives `beta = 0`), so without preconditioner and step control the optimizer is
@@ -88,13 +88,12 @@ class NLCG(WholeListOptimizer):
 
     Step control (`step_control=True`, the authors' "Step" search): `ema` smooths
     the observed loss (`ema = s * ema + (1 - s) * loss`, `s = loss_smoothing`).
-    Every `step_control_period` updates the relative change of `ema` (before this
-    update's loss) since the last check picks a band of
-    `_nlcg_steps.STEP_CONTROL_BANDS`: a fall or a rise under 1% (times
-    `step_control_threshold`) multiplies `c` by 1.05 (at most 1); a larger rise
-    multiplies it by the band's factor (at least 1e-4) and takes back a share `p`
-    of the previous step: `update = lr * c * ((1 - p) * d - p * (c / c_new) *
-    d_prev)`. The new `c` applies from the next update, as in the authors' code.
+    Every `step_control_period` updates the relative change of `ema` since the
+    last check picks a band of `_nlcg_steps.STEP_CONTROL_BANDS`: a fall or a rise
+    under 1% (times `step_control_threshold`) multiplies `c` by 1.05 (at most 1);
+    a larger rise multiplies it by the band's factor (at least 1e-4) and takes
+    back a share `p` of the previous step: `update = lr * ((1 - p) * c_new * d -
+    p * c * d_prev)`. The new `c` applies from this update on.
 
     Args:
         learning_rate: A float >= 0 or a `LearningRateSchedule`.
@@ -106,7 +105,7 @@ class NLCG(WholeListOptimizer):
         lars_eta: Float > 0 for LARS-style layer-wise scaling of the gradient
             before the direction is formed (the authors use `0.001`), or `None`.
             Defaults to `None`.
-        step_control_period: Int >= 2, updates between two loss-trend checks.
+        step_control_period: Int >= 1, updates between two loss-trend checks.
             Defaults to `5`.
         step_control_threshold: Float > 0 scaling the band thresholds. Defaults
             to `1.0`.
@@ -169,13 +168,6 @@ class NLCG(WholeListOptimizer):
         self.step_control_period = _arguments.check_int(
             "step_control_period", step_control_period, 1
         )
-        if self.step_control_period == 1:
-            raise ValueError(
-                "`step_control_period` must be >= 2: a check compares the loss "
-                "average before its update with the one saved at the previous "
-                "check, so a period of 1 would never change the step. Received: "
-                "step_control_period=1. Pass 2 or more (the authors use 5)."
-            )
         self.step_control_threshold = _arguments.check_float(
             "step_control_threshold", step_control_threshold, 0.0, exclusive_low=True
         )
@@ -269,6 +261,11 @@ class NLCG(WholeListOptimizer):
         if self.step_control:
             self._loss_ema = self._scalar("nlcg_loss_ema", 0.0)
             self._loss_ema_old = self._scalar("nlcg_loss_ema_old", 0.0)
+        # The step-control timing (private switch, see `_nlcg_steps`).
+        self._timing = dict(_nlcg_steps.AUTHORS_TIMING)
+        self._prev_scale = None
+        if not (self._timing["c"] and self._timing["e"]):
+            self._prev_scale = self._scalar("nlcg_prev_scale", 0.0)
 
     def _slots(self, name, index):
         slots = getattr(self, name, None)
@@ -295,9 +292,10 @@ class NLCG(WholeListOptimizer):
         first = tf.equal(step, 0)
         lr = tf.cast(learning_rate, "float64")
         multiplier = tf.convert_to_tensor(_raw(self._multiplier))
-        # This update's rate: a multiplier changed by the step control takes effect
-        # at the next update, as in the authors' code.
-        scale = lr * multiplier
+        scale = lr * multiplier  # before this update's check
+        prev_scale = None
+        if self._prev_scale is not None:
+            prev_scale = tf.convert_to_tensor(_raw(self._prev_scale))
         updates = []
 
         if self.lars_eta is not None:
@@ -311,7 +309,7 @@ class NLCG(WholeListOptimizer):
                 grads,
                 _nlcg_steps.read(previous_grads),
                 d_prev,
-                scale,
+                scale if self._timing["e"] else prev_scale,
                 _nlcg_steps.read(diagonals),
                 self.epsilon,
             )
@@ -336,12 +334,15 @@ class NLCG(WholeListOptimizer):
         if self.step_control:
             new_multiplier, share, loss_updates = self._step_control(first, multiplier)
             updates += loss_updates + [(self._multiplier, new_multiplier)]
-            deltas = _nlcg_steps.take_back(d, d_prev, scale, lr * new_multiplier, share)
+            deltas, d, scale = _nlcg_steps.take_back(
+                d, d_prev, scale, lr * new_multiplier, prev_scale, share, self._timing
+            )
         else:
             deltas = [tf.cast(scale, di.dtype) * di for di in d]
-        # The stored direction is `d` even after a take-back (the authors' code).
         updates += [(v, w + u) for v, w, u in zip(variables, weights, deltas)]
         updates += list(zip(directions, d))
+        if self._prev_scale is not None:
+            updates.append((self._prev_scale, scale))
         if previous_z is not None:
             updates += list(zip(previous_z, z))
         updates.append((self._rz, rz))
@@ -369,6 +370,7 @@ class NLCG(WholeListOptimizer):
             ema_old,
             self.loss_smoothing,
             self.step_control_threshold,
+            lagged=self._timing["a"],
         )
         updates = [
             (self._loss_ema, ema),

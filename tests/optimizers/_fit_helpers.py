@@ -74,8 +74,9 @@ def assert_weights_close(a, b, atol):
 # Optimizers the replica and worker tests train with, by name (worker processes
 # rebuild them from the name).
 OPTIMIZERS = {
-    # loss_smoothing=0: the loss average after a step is the loss handed over.
-    "nlcg": lambda: NLCG(0.5, step_control_period=2, loss_smoothing=0.0),
+    # loss_smoothing=0: the loss average after a step is the loss handed over;
+    # lr 2.0, period 3: a step-control cut happens within the fit (asserted).
+    "nlcg": lambda: NLCG(2.0, step_control_period=3, loss_smoothing=0.0),
     "neumann": lambda: Neumann(
         0.25, reset_steps=5, burn_in_steps=2, mu_steps=4.0, beta=1e-7
     ),

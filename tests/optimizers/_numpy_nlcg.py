@@ -1,15 +1,17 @@
-"""NLCG (Adya et al. 2018) in NumPy float64, timed as the authors' code runs.
+"""NLCG (Adya et al. 2018) in NumPy float64, with the authors' timing at hand.
 
 The step control follows apple/ml-ncg (`ncg_core_tfop.py`) as its TF1 graph
-executes when the loss is ready before the gradient (as in training): the
-multiplier, the loss average and the stored direction are read before the step's
-own assignments. So a check compares the average before this step's loss; a new
-multiplier applies from the next update; a take-back is blended at the new rate
-and applied at the old one; the stored direction is the unblended `d`; the BFGS
-`s` is this update's rate times the stored direction. With the authors' epsilons
-(`authors_epsilons=True`) this transcription matched their graph, run in
-`tf.compat.v1` on fed gradients and losses, to float32 rounding (5 settings, 40
-steps); by default it uses ours (see `nlcg.py`).
+executes when the loss is ready before the gradient (as in training) when
+`reverted=""`: the multiplier, the loss average and the stored direction are
+read before the step's own assignments. So a check compares the average before
+this step's loss; a new multiplier applies from the next update; a take-back is
+blended at the new rate and applied at the old one; the stored direction is the
+unblended `d`; the BFGS `s` is this update's rate times the stored direction.
+With the authors' epsilons (`authors_epsilons=True`) that transcription matched
+their graph, run in `tf.compat.v1` on fed gradients and losses, to float32
+rounding (5 settings, 40 steps). `reverted` names the parts (letters of
+`_nlcg_steps.AUTHORS_TIMING`) taken from before commit 1e9b5d4; the default
+`"ab"` and our epsilons are the library's defaults (see `nlcg.py`).
 
 Variables are concatenated into one vector, so every dot product is global by
 construction (the TensorFlow code sums per-variable products instead).
@@ -21,6 +23,7 @@ import math
 
 import numpy as np
 
+DEFAULT_REVERTED = "ab"  # the library's `_nlcg_steps.AUTHORS_TIMING` (tested)
 BANDS = (
     (0.15, 0.5, 0.9),
     (0.125, 0.7, 0.7),
@@ -47,6 +50,7 @@ class NumpyNLCG:
         smoothing=0.7,
         eps=1e-8,
         authors_epsilons=False,
+        reverted=DEFAULT_REVERTED,
     ):
         self.shapes = [np.shape(x) for x in weights]
         self.w = self._flat(weights)
@@ -71,6 +75,10 @@ class NumpyNLCG:
         self.scales = []  # lr * c of each update, for the tests
         self.bfgs_updates = self.bfgs_skips = 0
         self.authors_epsilons = authors_epsilons
+        # The parts of the step-control timing taken from before 1e9b5d4 (see
+        # `_nlcg_steps.AUTHORS_TIMING`): "" is the authors' code throughout.
+        self.timing = {k: k not in reverted for k in "abcde"}
+        self.prev_scale = 0.0
 
     @staticmethod
     def _flat(arrays):
@@ -98,12 +106,13 @@ class NumpyNLCG:
         first = self.step == 0
         eps, theirs = self.eps, self.authors_epsilons
         scale = lr * self.c  # read before this step's control changes `c`
+        t = self.timing
         r = -g
         if self.precond == "diag_bfgs":
             if first:
                 self.b = np.ones_like(g)
             else:
-                s = scale * self.d
+                s = (scale if t["e"] else self.prev_scale) * self.d
                 y = g - self.g_prev
                 ys, bs = y @ s, self.b * s
                 sbs = s @ bs
@@ -131,7 +140,7 @@ class NumpyNLCG:
             else:
                 beta = 0.0 if self.rz <= 0 else min(max(numerator / self.rz, 0.0), 1.0)
         d = z + beta * self.d
-        update = scale * d
+        applied, update, stored = scale, scale * d, d
         if self.step_control:
             ema_before = self.ema
             if first:
@@ -139,30 +148,40 @@ class NumpyNLCG:
             else:
                 self.ema = self.smoothing * self.ema + (1 - self.smoothing) * loss
             if not first and self.step % self.period == 0:
+                current = ema_before if t["a"] else self.ema
                 rise = (
-                    (ema_before - self.ema_old) / abs(self.ema_old)
+                    (current - self.ema_old) / abs(self.ema_old)
                     if self.ema_old != 0
                     else 0.0
                 )
                 self.ema_old = self.ema
+                share = 0.0
                 if rise < BANDS[-1][0] * self.threshold:
                     self.c = min(self.c * 1.05, 1.0)
                     self.bands.append((self.step, "grow"))
                 else:
-                    factor, share, band = 1.0, 0.0, "edge"
+                    factor, band = 1.0, "edge"
                     for index, (above, f, p) in enumerate(BANDS):
                         if rise > above * self.threshold:
                             factor, share, band = f, p, index
                             break
                     self.c = max(self.c * factor, 1e-4)
                     self.bands.append((self.step, band))
-                    new_scale = lr * self.c
-                    if share > 0 and new_scale > 0:
-                        # Blended at the new rate, applied at the old one.
-                        blend = (1 - share) * new_scale * d - share * scale * self.d
-                        update = scale * (blend / new_scale)
+                new_scale = lr * self.c
+                if not t["b"]:  # the new `c` applies to this update already
+                    applied, update = new_scale, new_scale * d
+                if share > 0 and t["c"] and new_scale > 0:
+                    # Blended at the new rate, applied at `applied`.
+                    blend = (1 - share) * new_scale * d - share * scale * self.d
+                    update = applied * (blend / new_scale)
+                elif share > 0 and not t["c"]:  # a share of the previous update
+                    previous = self.prev_scale * self.d
+                    update = (1 - share) * applied * d - share * previous
+                if share > 0 and not t["d"] and applied > 0:
+                    stored = update / applied  # the direction actually applied
         self.w = self.w + update
-        self.d, self.z_prev, self.rz = d, z, rz
-        self.scales.append(scale)
+        self.d, self.z_prev, self.rz = stored, z, rz
+        self.prev_scale = applied
+        self.scales.append(applied)
         self.step += 1
         return math.nan if loss is None else loss

@@ -13,7 +13,7 @@ from keras_replicator.optimizers import (
     observe_loss,
 )
 from tests.optimizers import _fit_helpers
-from tests.optimizers._numpy_nlcg import BANDS, NumpyNLCG
+from tests.optimizers._numpy_nlcg import BANDS, DEFAULT_REVERTED, NumpyNLCG
 
 
 def _problem(seed=0, num_steps=14):
@@ -69,7 +69,10 @@ def _loss_for(reference, target, smoothing=0.7):
     return (target - smoothing * reference.ema) / (1 - smoothing)
 
 
-def _run(kwargs, period, threshold=1.0, num_steps=None, accumulate=1):
+def _run(kwargs, period, threshold=1.0, num_steps=None, reverted=None):
+    if reverted is not None:
+        with _nlcg_steps.timing(reverted):
+            return _run(kwargs, period, threshold, num_steps)
     weights, steps = _problem(num_steps=num_steps or len(RISES) * period + 1)
     step_control = kwargs.get("step_control", True)
     variables = _variables(weights)
@@ -88,6 +91,7 @@ def _run(kwargs, period, threshold=1.0, num_steps=None, accumulate=1):
         preconditioner=kwargs.get("preconditioner", "diag_bfgs"),
         step_control=step_control,
         lars_eta=kwargs.get("lars_eta"),
+        reverted="".join(k for k, v in _nlcg_steps.AUTHORS_TIMING.items() if not v),
     )
     loss = 2.0
     for step, grads in enumerate(steps):
@@ -121,31 +125,35 @@ def test_steps_match_the_numpy_transcription(variant):
         assert reference.bfgs_updates > 0 and reference.bfgs_skips > 0
 
 
+@pytest.mark.parametrize("reverted", ["", "a", "b", "c", "d", "e", "abcde"])
+@pytest.mark.parametrize("variant", ["fr_bfgs", "pr_plain"])
+def test_every_step_control_timing_matches_the_transcription(variant, reverted):
+    # The private switch of `_nlcg_steps.AUTHORS_TIMING`, one part at a time.
+    reference = _run(VARIANTS[variant], period=2, reverted=reverted)
+    assert {band for _, band in reference.bands} == set(range(len(BANDS))) | {"grow"}
+
+
 def test_step_control_period_and_threshold_match_the_transcription():
     reference = _run({}, period=3, threshold=1.5)
     assert [step for step, _ in reference.bands][:3] == [3, 6, 9]
     assert "grow" in {band for _, band in reference.bands}
 
 
-def test_a_cut_takes_effect_at_the_next_update_as_in_the_authors_code():
-    # apple/ml-ncg's graph reads the multiplier before it assigns the cut one: the
-    # check's own update runs at the old rate, with the take-back blended at the
-    # new rate (`lr * ((1 - p) * d - p * (c / c_new) * d_prev)`), and the next
-    # update at the new rate. Measured by running their TF1 graph (see
-    # `_numpy_nlcg.py`). Period 4, a 20% rise of the loss average at step 3 so
-    # the check at step 4 cuts (x0.5, 90% taken back); falls afterwards so later
-    # checks grow the multiplier back (x1.05, from the next update too).
+def _cut_run(reverted, loss_steps):
+    """Period 4: the loss average rises 20% at `loss_steps[0]` (the check at step
+    4 cuts: x0.5, 90% taken back) and falls at the others (later checks grow)."""
     lr, period = 0.0625, 4
     weights, steps = _problem(seed=3, num_steps=14)
     variables = _variables(weights)
-    optimizer = NLCG(lr, step_control_period=period)
-    optimizer.build(variables)
-    reference = NumpyNLCG(weights, lr=lr, period=period)
-    loss = 2.0
+    with _nlcg_steps.timing(reverted):
+        optimizer = NLCG(lr, step_control_period=period)
+        optimizer.build(variables)
+    reference = NumpyNLCG(weights, lr=lr, period=period, reverted=reverted)
+    loss, trace = 2.0, []
     for step, grads in enumerate(steps):
-        if step == 3:
+        if step == loss_steps[0]:
             loss = _loss_for(reference, 1.2 * reference.ema_old)
-        elif step in (7, 11):
+        elif step in loss_steps[1:]:
             loss = _loss_for(reference, 0.9 * reference.ema_old)
         elif step > 0:
             loss = reference.ema
@@ -158,14 +166,46 @@ def test_a_cut_takes_effect_at_the_next_update_as_in_the_authors_code():
             np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-12)
         multiplier = float(optimizer.step_multiplier.numpy())
         np.testing.assert_allclose(multiplier, reference.c, rtol=1e-14)
-        if step == 4:  # the check that cuts: old rate, blended take-back
-            d = [v.numpy() for v in optimizer._directions]
-            for v, b, di, dp in zip(variables, before, d, d_prev):
-                want = b + lr * (0.1 * di - 0.9 * (1.0 / 0.5) * dp)
-                np.testing.assert_allclose(v.numpy(), want, rtol=0, atol=1e-12)
+        d = [v.numpy().copy() for v in optimizer._directions]
+        trace.append((before, d_prev, d, [v.numpy() for v in variables]))
+    return reference, trace
+
+
+def test_a_cut_takes_effect_at_this_update_with_the_authors_blend():
+    # Ours: the check at step 4 sees the average with step 4's loss, and the cut
+    # multiplier applies to step 4 itself, which takes back 90% of the authors'
+    # previous step, `lr * (0.1 * c_new * d - 0.9 * c * d_prev)`; `d` is stored.
+    lr = 0.0625
+    reference, trace = _cut_run(DEFAULT_REVERTED, (4, 8, 12))
+    before, d_prev, d, after = trace[4]
+    for w, b, di, dp in zip(after, before, d, d_prev):
+        want = b + lr * (0.1 * 0.5 * di - 0.9 * 1.0 * dp)
+        np.testing.assert_allclose(w, want, rtol=0, atol=1e-12)
+    assert reference.bands == [(4, 0), (8, "grow"), (12, "grow")]
+    assert reference.scales[3] == lr and reference.scales[4] == lr * 0.5
+    assert reference.scales[7] == lr * 0.5 and reference.scales[8] == lr * 0.525
+
+
+def test_the_authors_timing_cuts_at_the_next_update():
+    # apple/ml-ncg's graph (`_nlcg_steps.timing("")`) reads the multiplier before
+    # it assigns the cut one: the check's own update runs at the old rate, with
+    # the take-back blended at the new rate (`lr * ((1 - p) * d - p * (c / c_new)
+    # * d_prev)`), and the next update at the new rate; the check at step 4
+    # compares the average before step 4's loss. Measured by running their TF1
+    # graph (see `_numpy_nlcg.py`).
+    lr = 0.0625
+    reference, trace = _cut_run("", (3, 7, 11))
+    before, d_prev, d, after = trace[4]
+    for w, b, di, dp in zip(after, before, d, d_prev):
+        want = b + lr * (0.1 * di - 0.9 * (1.0 / 0.5) * dp)
+        np.testing.assert_allclose(w, want, rtol=0, atol=1e-12)
     assert reference.bands == [(4, 0), (8, "grow"), (12, "grow")]
     assert reference.scales[4] == lr and reference.scales[5] == lr * 0.5
     assert reference.scales[8] == lr * 0.5 and reference.scales[9] == lr * 0.525
+
+
+def test_the_transcription_defaults_to_the_library_timing():
+    assert NumpyNLCG([np.ones(2)], lr=0.1).timing == _nlcg_steps.AUTHORS_TIMING
 
 
 def test_gradient_accumulation_averages_gradients_and_losses():
@@ -246,10 +286,10 @@ def test_save_load_continue_matches_an_uninterrupted_run(tmp_path):
     )
 
 
-def _replica_run(strategy, lars_eta=None):
+def _replica_run(strategy, lars_eta=None, lr=2.0):
     x, y = _fit_helpers.data(100)  # batches of 32, 32, 32, 4: replicas' losses differ
     net = _fit_helpers.model(
-        lambda: NLCG(0.5, step_control_period=2, loss_smoothing=0.0, lars_eta=lars_eta),
+        lambda: NLCG(lr, step_control_period=2, loss_smoothing=0.0, lars_eta=lars_eta),
         strategy,
         model_class=_fit_helpers.LossObservingModel,
     )
@@ -271,9 +311,9 @@ def test_replicas_train_as_one_device(num_replicas):
     many, many_state, many_multipliers = _replica_run(
         kr.MultiDeviceReplicator(num_replicas=num_replicas)
     )
-    # Every check here cuts by half and takes back 1.8 previous steps (the
-    # authors' blend): last-bit differences of the reduced gradients grow to
-    # 1.2e-9 after 12 steps (3e-16 with step_control=False, measured).
+    # At rate 2 the checks at steps 4 and 8 cut and take back 70% of the previous
+    # step: last-bit differences of the reduced gradients grow (to 1.2e-9 after
+    # 12 steps with the authors' timing; 3e-16 with step_control=False).
     _fit_helpers.assert_weights_close(one, many, atol=1e-8)
     _assert_state_close(one_state, many_state, rtol=1e-8)
     # The same branches at every step, and the step control did cut the step.
@@ -293,8 +333,9 @@ def _assert_state_close(one, many, rtol):
 
 @pytest.mark.slow
 def test_replicas_with_lars_scaling_train_as_one_device():
-    one, one_state, _ = _replica_run(tf.distribute.get_strategy(), lars_eta=0.02)
-    many, many_state, _ = _replica_run(kr.MultiDeviceReplicator(num_replicas=2), 0.02)
+    one, one_state, _ = _replica_run(tf.distribute.get_strategy(), 0.02, lr=0.5)
+    two = kr.MultiDeviceReplicator(num_replicas=2)
+    many, many_state, _ = _replica_run(two, 0.02, lr=0.5)
     # LARS gives every layer a step of fixed relative size however small its
     # gradient, so last-bit differences of the reduced gradients are not damped:
     # measured 1e-9 after 12 steps (2e-16 without LARS).
@@ -330,7 +371,6 @@ def test_mixed_precision_with_loss_scale_optimizer():
         ({"step_control": "yes"}, TypeError, "Received: step_control='yes'"),
         ({"lars_eta": 0.0}, ValueError, r"`lars_eta` must be > 0.0"),
         ({"step_control_period": 0}, ValueError, "step_control_period=0"),
-        ({"step_control_period": 1}, ValueError, "never change the step"),
         ({"step_control_threshold": -1.0}, ValueError, "threshold=-1.0"),
         ({"loss_smoothing": 1.0}, ValueError, "loss_smoothing=1.0"),
         ({"epsilon": 0.0}, ValueError, "Received: epsilon=0.0"),
