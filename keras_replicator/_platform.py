@@ -20,8 +20,8 @@ Example:
 >>> import keras_replicator._platform as platform
 >>> platform.device_platform("/job:worker/task:1/device:GPU:0")
 'GPU'
->>> platform.collective_hint(platform.GPU)
-'nccl'
+>>> platform.runs_nccl(platform.GPU)
+True
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import tensorflow as tf
 from keras_replicator._replicator_state import replicator_state
 
 CPU, GPU, TPU = "CPU", "GPU", "TPU"
-PLATFORMS = (CPU, GPU, TPU)
 
 # The dtypes TensorFlow's NCCL wrapper reduces (nccl_manager.cc, "expected data
 # types compatible with NCCL"): no bfloat16, no 8- or 16-bit integers.
@@ -109,19 +108,6 @@ def nccl_usable(strategy) -> bool:
     if state is not None and state.nccl is not None:
         return state.nccl
     return platform_of(strategy) == GPU and not virtual_gpus_in_use()
-
-
-def collective_hint(platform: str) -> str:
-    """The `communication_hint` for TensorFlow's collective ops on `platform`.
-
-    NCCL on GPUs (TensorFlow's `"auto"` gives a GPU collective the RING
-    implementation, and reduce-scatter none); TensorFlow's choice elsewhere.
-
-    Example:
-    >>> collective_hint(CPU), collective_hint(GPU)
-    ('auto', 'nccl')
-    """
-    return "nccl" if platform == GPU else "auto"
 
 
 def runs_nccl(platform: str) -> bool:

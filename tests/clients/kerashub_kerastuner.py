@@ -14,6 +14,16 @@ from tests.clients._registry import client_case
 GLOBAL_BATCH = 8
 VOCABULARY = 50
 SEQUENCE = 12
+# A backbone's config, small enough to train in seconds (no preset, no download).
+TINY_BACKBONE = dict(
+    vocabulary_size=VOCABULARY,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=16,
+    intermediate_dim=32,
+    max_sequence_length=16,
+    dropout=0.0,
+)
 
 
 def _tokens(num_samples=32, seed=0):
@@ -42,15 +52,7 @@ def kerashub_bert_classifier(strategy, workdir):
         "padding_mask": mask,
     }
     with strategy.scope():
-        backbone = keras_hub.models.BertBackbone(
-            vocabulary_size=VOCABULARY,
-            num_layers=2,
-            num_heads=2,
-            hidden_dim=16,
-            intermediate_dim=32,
-            max_sequence_length=16,
-            dropout=0.0,
-        )
+        backbone = keras_hub.models.BertBackbone(**TINY_BACKBONE)
         pooled = backbone(backbone.input)["pooled_output"]
         model = keras.Model(backbone.input, keras.layers.Dense(2)(pooled))
         model.compile(
@@ -75,15 +77,7 @@ def kerashub_gpt2_lora_clipnorm(strategy, workdir):
     labels = rng.integers(0, VOCABULARY, size=tokens.shape).astype("int32")
     inputs = {"token_ids": tokens, "padding_mask": mask}
     with strategy.scope():
-        backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=VOCABULARY,
-            num_layers=2,
-            num_heads=2,
-            hidden_dim=16,
-            intermediate_dim=32,
-            max_sequence_length=16,
-            dropout=0.0,
-        )
+        backbone = keras_hub.models.GPT2Backbone(**TINY_BACKBONE)
         backbone.enable_lora(rank=2)
         hidden = backbone(backbone.input)
         logits = backbone.token_embedding(hidden, reverse=True)

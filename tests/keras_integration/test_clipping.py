@@ -22,14 +22,7 @@ OPTIONS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    policy = keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.config.set_floatx("float32")
-    keras.config.set_dtype_policy(policy)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def _data():
