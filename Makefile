@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 install: $(STAMP)
 
 lint: install
-	$(PY) -m ruff check keras_replicator tests benchmarks examples
-	$(PY) -m ruff format --check keras_replicator tests benchmarks examples
+	$(PY) -m ruff check keras_replicator tests benchmarks examples simulated_cluster
+	$(PY) -m ruff format --check keras_replicator tests benchmarks examples simulated_cluster
 	$(PY) -m mypy  # the public API: mypy.ini
 
 test: lint
@@ -42,18 +42,18 @@ demo: install
 	$(VENV)/bin/keras-replicator demo
 
 bench: install
-	$(PY) benchmarks/strategy_overhead.py
-	$(PY) benchmarks/step_overhead.py --png benchmarks/step_overhead.png
-	$(PY) benchmarks/cross_replica_metrics_overhead.py
-	$(PY) benchmarks/large_batch.py
-	$(PY) benchmarks/large_batch_optimizers.py
-	$(PY) benchmarks/spatial.py
-	$(PY) benchmarks/weight_update_sharding.py --json benchmarks/weight_update_sharding.json --png benchmarks/weight_update_sharding.png
-	$(PY) benchmarks/input_pipeline.py
-	$(PY) benchmarks/pipeline.py
-	$(PY) benchmarks/allreduce.py --fit
-	$(PY) benchmarks/async_ps.py
-	$(PY) benchmarks/machines.py --fit --json benchmarks/machines.json --png benchmarks/machines.png  # needs root
+	$(PY) -m benchmarks.strategy_overhead
+	$(PY) -m benchmarks.step_overhead --png benchmarks/step_overhead.png
+	$(PY) -m benchmarks.cross_replica_metrics_overhead
+	$(PY) -m benchmarks.large_batch
+	$(PY) -m benchmarks.large_batch_optimizers
+	$(PY) -m benchmarks.spatial
+	$(PY) -m benchmarks.weight_update_sharding --json benchmarks/weight_update_sharding.json --png benchmarks/weight_update_sharding.png
+	$(PY) -m benchmarks.input_pipeline
+	$(PY) -m benchmarks.pipeline
+	$(PY) -m benchmarks.allreduce --fit
+	$(PY) -m benchmarks.async_ps
+	$(PY) -m benchmarks.machines --fit --json benchmarks/machines.json --png benchmarks/machines.png  # needs root
 
 # The oldest and newest supported TensorFlow / Keras pairs (docs/compat.md), each
 # in its own virtualenv (.venv-oldest: constraints/oldest.txt; .venv-newest:
@@ -77,5 +77,5 @@ clean:
 	rm -rf $(VENV) .venv-oldest .venv-newest build *.egg-info
 
 format: install
-	$(PY) -m ruff check --fix keras_replicator tests benchmarks examples
-	$(PY) -m ruff format keras_replicator tests benchmarks examples
+	$(PY) -m ruff check --fix keras_replicator tests benchmarks examples simulated_cluster
+	$(PY) -m ruff format keras_replicator tests benchmarks examples simulated_cluster

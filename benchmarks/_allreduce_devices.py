@@ -7,15 +7,14 @@ to a memcpy of the same bytes for scale.
 
 from __future__ import annotations
 
-import statistics
 import time
 
-from _allreduce_common import MB, resnet50_shapes
+from benchmarks import harness
+from benchmarks._allreduce_common import MB, resnet50_gradients
 
 
 def devices_worker(num_devices: int, rounds: int) -> None:
     """One process, `num_devices` logical CPUs: flat vs hierarchical all-reduce."""
-    import numpy as np
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -26,13 +25,7 @@ def devices_worker(num_devices: int, rounds: int) -> None:
     from keras_replicator.communication import _all_reduce
 
     strategy = kr.MultiDeviceReplicator(num_replicas=num_devices)
-    shapes = resnet50_shapes()
-    with strategy.scope():
-        grads = [
-            tf.Variable(tf.random.normal(s, seed=i), trainable=False)
-            for i, s in enumerate(shapes)
-        ]
-    total_bytes = 4 * sum(int(np.prod(s)) for s in shapes)
+    grads, total_bytes = resnet50_gradients(strategy)
     half = num_devices // 2
     configs = {
         "memcpy (concat)": None,
@@ -65,8 +58,8 @@ def devices_worker(num_devices: int, rounds: int) -> None:
     print(
         f"\n{num_devices} logical CPU devices, one process, {total_bytes / MB:.0f} MB"
     )
-    base = statistics.median(times["ours default (flat)"])
+    median = harness.medians(times)
+    ratio = harness.ratios(median, "ours default (flat)")
     print(f"{'method':<28} {'ms':>8} {'/ flat':>8}")
-    for name, t in times.items():
-        m = statistics.median(t)
-        print(f"{name:<28} {m * 1e3:>8.1f} {m / base:>8.2f}")
+    for name, m in median.items():
+        print(f"{name:<28} {m * 1e3:>8.1f} {ratio[name]:>8.2f}")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
-from _allreduce_common import SCRIPT
-from _allreduce_timeline import TIMELINE_CONFIGS, trace_ring_calls
+from benchmarks import harness
+from benchmarks._allreduce_common import MODULE
+from benchmarks._allreduce_timeline import TIMELINE_CONFIGS, trace_ring_calls
+from benchmarks._models import build_model, compiled
 
 FIT_CONFIGS = {
     "one process, 2 threads": None,
@@ -40,29 +41,6 @@ RESNET20_CONFIGS = (
     "collective 1 pack (stock packing)",
     "collective 16MB",
 )
-
-
-def resnet20(keras):
-    """He et al.'s CIFAR ResNet-20: 3 stages of 3 basic blocks, 16/32/64 filters."""
-    inputs = keras.Input((32, 32, 3))
-
-    def conv_bn(x, filters, strides=1, relu=True):
-        x = keras.layers.Conv2D(filters, 3, strides, padding="same", use_bias=False)(x)
-        x = keras.layers.BatchNormalization()(x)
-        return keras.layers.ReLU()(x) if relu else x
-
-    x = conv_bn(inputs, 16)
-    for stage, filters in enumerate((16, 32, 64)):
-        for block in range(3):
-            strides = 2 if stage and not block else 1
-            shortcut = x
-            y = conv_bn(x, filters, strides)
-            y = conv_bn(y, filters, relu=False)
-            if strides != 1:
-                shortcut = keras.layers.Conv2D(filters, 1, strides, use_bias=False)(x)
-            x = keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(10)(x))
 
 
 def fit_worker(
@@ -108,29 +86,12 @@ def fit_worker(
     rng = np.random.default_rng(0)
     x = rng.normal(size=(global_batch * steps, *shape)).astype("float32")
     y = rng.integers(0, 10, len(x))
-    with strategy.scope():
-        if model_name == "mlp":
-            model = keras.Sequential(
-                [
-                    keras.Input((784,)),
-                    keras.layers.Dense(2048, activation="relu"),
-                    keras.layers.Dense(2048, activation="relu"),
-                    keras.layers.Dense(256, activation="relu"),
-                    keras.layers.Dense(10),
-                ]
-            )
-        else:
-            model = resnet20(keras)
-        model.compile(
-            keras.optimizers.SGD(0.01),
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    stamps = []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
-
+    model = compiled(
+        keras,
+        strategy,
+        lambda k: build_model(k, model_name),
+        lambda: keras.optimizers.SGD(0.01),
+    )
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
     if isinstance(setting, dict):
         options = tf.data.Options()
@@ -139,45 +100,35 @@ def fit_worker(
         )
         data = data.with_options(options)
     start = time.perf_counter()
-    model.fit(data, epochs=1, verbose=0, callbacks=[Stamp()])
-    steady = [b - a for a, b in zip(stamps[10:], stamps[11:])]
+    stamp, stamps = harness.batch_end_stamps(keras)
+    model.fit(data, epochs=1, verbose=0, callbacks=[stamp])
     if int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0")) == 0:
         result = {
             "first_step": stamps[0] - start,
-            "step": statistics.median(steady),
+            "step": harness.steady_interval(stamps, 10),
             "params": model.count_params(),
         }
         if calls is not None:
             result["stamps"], result["calls"] = stamps, calls
-        print("RESULT " + json.dumps(result), flush=True)
+        harness.emit_result(result)
 
 
 def fit_benchmark(rounds: int, model_name: str = "mlp") -> None:
-    import subprocess
-
-    from keras_replicator.launch import run_workers
-
     names = list(FIT_CONFIGS) if model_name == "mlp" else list(RESNET20_CONFIGS)
     samples = {name: [] for name in names}
     first = {name: [] for name in names}
     for _ in range(rounds):
         for name in names:
             setting = FIT_CONFIGS[name]
-            command = [sys.executable, SCRIPT, "--fit-worker", name]
+            command = harness.module_command(MODULE, "--fit-worker", name)
             command += ["--fit-model", model_name]
+            what = f"fit run {name!r}"
             if setting is None:  # "independent" runs 2 processes, as the workers
-                done = subprocess.run(
-                    command, capture_output=True, text=True, timeout=600
-                )
-                output = done.stdout
+                result = harness.fresh_process(command, what, timeout=600)
             else:
-                output = (
-                    run_workers(command, 2, timeout=600, echo=False).workers[0].output
+                (result,) = harness.fresh_workers(
+                    command, 2, what, timeout=600, reporting=[0]
                 )
-            lines = [ln for ln in output.splitlines() if ln.startswith("RESULT ")]
-            if not lines:
-                raise SystemExit(f"fit run {name!r} failed:\n{output[-3000:]}")
-            result = json.loads(lines[-1][len("RESULT ") :])
             samples[name].append(256 / result["step"])
             first[name].append(result["first_step"])
     base = statistics.median(samples["one process, 2 threads"])

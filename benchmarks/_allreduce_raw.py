@@ -8,14 +8,13 @@ socket exchange of the bytes a ring all-reduce moves (the transport's ceiling);
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import statistics
 import threading
 import time
 
-from _allreduce_common import MB, resnet50_shapes
+from benchmarks import harness
+from benchmarks._allreduce_common import MB, resnet50_gradients
 
 
 def configurations():
@@ -98,13 +97,7 @@ def worker(args) -> None:
         raise SystemExit("the default transport here should be the socket ring")
     rank = int(os.environ["KERAS_REPLICATOR_WORKER_INDEX"])
     size = strategy.num_replicas_in_sync
-    shapes = resnet50_shapes()
-    with strategy.scope():
-        grads = [
-            tf.Variable(tf.random.normal(s, seed=i), trainable=False)
-            for i, s in enumerate(shapes)
-        ]
-    total_bytes = 4 * sum(int(np.prod(s)) for s in shapes)
+    grads, total_bytes = resnet50_gradients(strategy)
 
     def make(kind, setting):
         def replica_fn():
@@ -155,10 +148,10 @@ def worker(args) -> None:
         result = {
             "workers": size,
             "bytes": total_bytes,
-            "tensors": len(shapes),
-            "seconds": {k: statistics.median(v) for k, v in times.items()},
+            "tensors": len(grads),
+            "seconds": harness.medians(times),
         }
-        print("RESULT " + json.dumps(result), flush=True)
+        harness.emit_result(result)
 
 
 def report(result):
@@ -183,21 +176,13 @@ def report(result):
 
 
 def plot(tables, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(tables), figsize=(6 * len(tables), 4), squeeze=False
-    )
-    for ax, (n, rows) in zip(axes[0], tables.items()):
-        names = [r[0] for r in rows]
-        ax.barh(names, [100 * r[2] for r in rows])
-        ax.axvline(50, color="k", ls="--", lw=1)
-        ax.set_xlabel("effective rate, % of raw socket exchange")
-        ax.set_title(f"ResNet-50 gradients, {n} workers on 127.0.0.1")
-        ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    size = (6 * len(tables), 4)
+    with harness.figure(path, size=size, panels=len(tables)) as (_, axes):
+        for ax, (n, rows) in zip(axes, tables.items()):
+            names = [r[0] for r in rows]
+            ax.barh(names, [100 * r[2] for r in rows])
+            ax.axvline(50, color="k", ls="--", lw=1)
+            ax.set_xlabel("effective rate, % of raw socket exchange")
+            ax.set_title(f"ResNet-50 gradients, {n} workers on 127.0.0.1")
+            ax.invert_yaxis()
     print(f"saved {path}")

@@ -8,12 +8,11 @@ process) and placed inside the steady steps.
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import time
 
-from _allreduce_common import MB, SCRIPT
+from benchmarks import harness
+from benchmarks._allreduce_common import MB, MODULE
 
 TIMELINE_CONFIGS = {
     "socket 1MB": {"transport": "socket", "bucket_mb": 1},
@@ -48,19 +47,15 @@ def timeline(png: str) -> None:
     that starts before the one-pack call's start travelled while the backward pass
     was still computing earlier layers' gradients: that is the overlap.
     """
-    from keras_replicator.launch import run_workers
-
     steps = {}
     runs = [(name, inter) for inter in (1, 2) for name in TIMELINE_CONFIGS]
     for name, inter in runs:
-        command = [sys.executable, SCRIPT, "--fit-worker", name, "--trace"]
+        command = harness.module_command(MODULE, "--fit-worker", name, "--trace")
         command += ["--inter-op", str(inter)]
         name = f"{name}, {inter} inter-op thread{'s' if inter > 1 else ''}"
-        output = run_workers(command, 2, timeout=600, echo=False).workers[0].output
-        lines = [ln for ln in output.splitlines() if ln.startswith("RESULT ")]
-        if not lines:
-            raise SystemExit(f"timeline run {name!r} failed:\n{output[-3000:]}")
-        result = json.loads(lines[-1][len("RESULT ") :])
+        (result,) = harness.fresh_workers(
+            command, 2, f"timeline run {name!r}", timeout=600, reporting=[0]
+        )
         stamps, calls = result["stamps"], result["calls"]
         rows = []
         for step in range(10, len(stamps) - 1):  # steady steps: (start, end]
@@ -107,20 +102,15 @@ def timeline(png: str) -> None:
 
 
 def _plot_timeline(summary, png):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(11, 3.6), layout="constrained")
-    for y, (step, starts, ends, _) in enumerate(summary.values()):
-        ax.broken_barh(
-            [(s * 1e3, (e - s) * 1e3) for s, e in zip(starts, ends)],
-            (y - 0.3, 0.6),
-            facecolors=["C0", "C1"] * len(starts),
-        )
-        ax.plot([step * 1e3] * 2, [y - 0.4, y + 0.4], "k--")
-    ax.set_yticks(range(len(summary)), list(summary))
-    ax.set_xlabel("ms from the previous batch end (dashed: the step's end)")
-    ax.set_title("socket-ring calls inside a steady fit step, MLP, 2 workers")
-    fig.savefig(png, dpi=100)
+    drawing = harness.figure(png, size=(11, 3.6), layout="constrained")
+    with drawing as (_, (ax,)):
+        for y, (step, starts, ends, _) in enumerate(summary.values()):
+            ax.broken_barh(
+                [(s * 1e3, (e - s) * 1e3) for s, e in zip(starts, ends)],
+                (y - 0.3, 0.6),
+                facecolors=["C0", "C1"] * len(starts),
+            )
+            ax.plot([step * 1e3] * 2, [y - 0.4, y + 0.4], "k--")
+        ax.set_yticks(range(len(summary)), list(summary))
+        ax.set_xlabel("ms from the previous batch end (dashed: the step's end)")
+        ax.set_title("socket-ring calls inside a steady fit step, MLP, 2 workers")

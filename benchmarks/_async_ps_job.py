@@ -7,11 +7,11 @@ each worker whether that worker sleeps) and the `fit` that prints one RESULT lin
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
-from _async_ps_stats import (
+from benchmarks import harness
+from benchmarks._async_ps_stats import (
     BATCH,
     EPOCH_EXAMPLES,
     RESULT,
@@ -168,4 +168,4 @@ def job(mode: str, epochs: int, sleep_us: int, stamp_file: str, lr: float) -> No
         "accuracy": float(accuracy),
     }
     if mode != "sync" or os.environ.get("KERAS_REPLICATOR_WORKER_INDEX") == "0":
-        print(RESULT + json.dumps(result), flush=True)
+        harness.emit_result(result, RESULT)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from _async_ps_stats import ARMS
+from benchmarks import harness
+from benchmarks._async_ps_stats import ARMS
 
 
 def label(arm: str, slowdown: float) -> str:
@@ -57,30 +58,24 @@ def progress(arm, number, result, slowdown):
 
 
 def plot(summary, path, slowdown) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     arms = [arm for arm in ARMS if "examples_per_s" in summary.get(arm, {})]
     names = [label(arm, slowdown) for arm in arms]
     colors = [
         {"one": "grey", "sync": "C0", "async": "C1"}[ARMS[arm][0]] for arm in arms
     ]
-    fig, (speed, accuracy) = plt.subplots(1, 2, figsize=(13, 4))
-    bars = speed.barh(names, [summary[a]["examples_per_s"] for a in arms], color=colors)
-    speed.bar_label(bars, fmt="{:,.0f}", padding=2)
-    speed.margins(x=0.12)
-    speed.set_xlabel("examples/s (steady state, median over rounds)")
-    speed.set_title("digits MLP, 2 workers on 127.0.0.1 (worker 1 = straggler)")
-    speed.invert_yaxis()
-    bars = accuracy.barh(
-        names, [100 * summary[a]["accuracy"] for a in arms], color=colors
-    )
-    accuracy.bar_label(bars, fmt="{:.2f} %", padding=2)
-    accuracy.set_xlim(85, 100)
-    accuracy.set_xlabel("digits test accuracy after training (%)")
-    accuracy.set_yticklabels([])
-    accuracy.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with harness.figure(path, size=(13, 4), panels=2) as (_, (speed, accuracy)):
+        examples = [summary[a]["examples_per_s"] for a in arms]
+        bars = speed.barh(names, examples, color=colors)
+        speed.bar_label(bars, fmt="{:,.0f}", padding=2)
+        speed.margins(x=0.12)
+        speed.set_xlabel("examples/s (steady state, median over rounds)")
+        speed.set_title("digits MLP, 2 workers on 127.0.0.1 (worker 1 = straggler)")
+        speed.invert_yaxis()
+        bars = accuracy.barh(
+            names, [100 * summary[a]["accuracy"] for a in arms], color=colors
+        )
+        accuracy.bar_label(bars, fmt="{:.2f} %", padding=2)
+        accuracy.set_xlim(85, 100)
+        accuracy.set_xlabel("digits test accuracy after training (%)")
+        accuracy.set_yticklabels([])
+        accuracy.invert_yaxis()

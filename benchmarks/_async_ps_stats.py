@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks import harness
+
 BATCH = 32  # examples per worker step, in every arm
 WORKERS = 2
 STRAGGLER = "worker 1"
@@ -48,7 +50,7 @@ def median_interval(times: list[float], skip: int) -> float:
             f"`times` must hold at least {skip + 3} stamps to measure a steady "
             f"interval. Received: {len(times)} stamps. Train more epochs."
         )
-    return statistics.median(b - a for a, b in zip(steady, steady[1:]))
+    return harness.steady_interval(times, skip)
 
 
 def steady_epoch_seconds(epoch_ends: list[float]) -> float:

@@ -7,7 +7,8 @@ from `pipeline.json` without measuring.
 
 from __future__ import annotations
 
-from _pipeline_configs import BATCH, CAP_MB
+from benchmarks import harness
+from benchmarks._pipeline_configs import BATCH, CAP_MB
 
 
 def tables(names, median, memory, cap) -> str:
@@ -96,18 +97,12 @@ def tables(names, median, memory, cap) -> str:
 
 def plot(names, median, memory, cap, path) -> None:
     """Draws throughput, peak memory and the deepest model under the cap to `path`."""
-    import matplotlib
+    layout = {"layout": "constrained", "gridspec_kw": {"width_ratios": [4, 4, 1.5]}}
+    with harness.figure(path, size=(20, 6), panels=3, **layout) as (_, (a, b, c)):
+        _draw(names, median, memory, cap, a, b, c)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (a, b, c) = plt.subplots(
-        1,
-        3,
-        figsize=(20, 6),
-        layout="constrained",
-        gridspec_kw={"width_ratios": [4, 4, 1.5]},
-    )
+def _draw(names, median, memory, cap, a, b, c) -> None:
     a.barh(names, [median[n] for n in names])
     a.set_xlabel("samples/s (median; 'at once' rows: both processes summed)")
     a.set_title(f"K=2 stages on 2 logical CPUs, 16x512 MLP, batch {BATCH}")
@@ -119,4 +114,3 @@ def plot(names, median, memory, cap, path) -> None:
     c.set_xlabel("checkpoint")
     c.set_ylabel("layers")
     c.set_title(f"{CAP_MB} MB allocator cap:\ndeepest 256-wide MLP\nthat trains")
-    fig.savefig(path, dpi=100)

@@ -30,7 +30,8 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import harness  # noqa: E402
 
 GLOBAL_BATCH = 256
 WARMUP_CALLS = 3
@@ -122,15 +123,9 @@ def _fit_step_seconds(tf, keras, model, config, shape):
             tf.data.experimental.AutoShardPolicy.DATA
         )
         data = data.with_options(options)
-    stamps: list[float] = []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
-
-    model.fit(data, epochs=1, verbose=0, callbacks=[Stamp()])
-    after = config["steady_after"]
-    return statistics.median(b - a for a, b in zip(stamps[after:], stamps[after + 1 :]))
+    stamp, stamps = harness.batch_end_stamps(keras)
+    model.fit(data, epochs=1, verbose=0, callbacks=[stamp])
+    return harness.steady_interval(stamps, config["steady_after"])
 
 
 def run(config: dict) -> dict:
@@ -140,7 +135,8 @@ def run(config: dict) -> dict:
 
     strategy = _strategy(tf, kr, config)
     import keras
-    from step_overhead import build_model
+
+    from benchmarks._models import build_model
 
     shape = (784,) if config["model"] == "mlp" else (32, 32, 3)
     with strategy.scope():
@@ -191,7 +187,7 @@ def run(config: dict) -> dict:
 def main() -> None:
     result = run(json.loads(sys.argv[1]))
     if int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0")) == 0:
-        print("RESULT " + json.dumps(result), flush=True)
+        harness.emit_result(result)
 
 
 if __name__ == "__main__":

@@ -124,4 +124,6 @@ def _allocator_tracks_memory(tf, devices: int) -> bool:
 if __name__ == "__main__":
     import sys
 
-    print("RESULT " + json.dumps(worker(json.loads(sys.argv[1]))), flush=True)
+    from benchmarks import harness
+
+    harness.emit_result(worker(json.loads(sys.argv[1])))

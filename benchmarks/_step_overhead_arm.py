@@ -1,9 +1,9 @@
 """One process of one arm of `step_overhead.py`: trains, prints `RESULT {json}`.
 
-Run as `step_overhead.py --arm ARM --model MODEL --steps N [--diagnose]` (worker 0
-prints, under worker processes). The step is the median interval between
-`on_train_batch_end` stamps after batch `STEADY_AFTER`; the first step runs from
-`fit` to the end of batch 0.
+Run as `python -m benchmarks.step_overhead --arm ARM --model MODEL --steps N
+[--diagnose]` (worker 0 prints, under worker processes). The step is the median
+interval between `on_train_batch_end` stamps after batch `STEADY_AFTER`; the first
+step runs from `fit` to the end of batch 0.
 
 `--diagnose` stamps `on_train_batch_begin` too: begin to end is the
 `train_function` call, end to the next begin is Keras' loop and callbacks. It
@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
+
+from benchmarks import harness
+from benchmarks._models import build_model
 
 GLOBAL_BATCH = {"mlp": 256, "small_mlp": 128, "resnet20": 256}
 STEPS = {"mlp": 40, "small_mlp": 60, "resnet20": 24}
@@ -36,21 +38,6 @@ TWO_PROCESS_ARMS = (
     BUCKETS_16MB,
     LOCKSTEP,
 )
-
-
-def build_model(keras, name: str):
-    """One of the models, uncompiled (also used by `_sharding_worker.py`)."""
-    if name in ("mlp", "small_mlp"):
-        widths = (2048, 2048, 256) if name == "mlp" else (2048, 2048, 1024)
-        return keras.Sequential(
-            [keras.Input((784,))]
-            + [keras.layers.Dense(w, activation="relu") for w in widths]
-            + [keras.layers.Dense(10)]
-        )
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _allreduce_fit import resnet20
-
-    return resnet20(keras)
 
 
 def thread_group(name: str, is_main: bool, process_name: str = "python") -> str:
@@ -308,4 +295,4 @@ def run_arm(arm: str, model_name: str, steps: int, diagnose: bool) -> None:
         if ring_calls:
             result.update(ring_seconds(ring_calls, ends, STEADY_AFTER))
     if int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0")) == 0:
-        print("RESULT " + json.dumps(result), flush=True)
+        harness.emit_result(result)

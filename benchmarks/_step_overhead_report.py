@@ -9,6 +9,8 @@ less than that range is missed within the noise (issue 36).
 
 from __future__ import annotations
 
+from benchmarks import harness
+
 
 def _cell(value, spec: str, width: int) -> str:
     return f"{value:>{width}{spec}}" if value is not None else " " * width
@@ -19,7 +21,8 @@ def round_range(arm: str, row: dict) -> str:
     ratios = row.get("ratio_to_ceiling_per_round") or []
     if not ratios or row["ceiling"] == arm:
         return ""
-    return f"{min(ratios):.3f}-{max(ratios):.3f}"
+    spread = harness.median_and_range(ratios)
+    return f"{spread['min']:.3f}-{spread['max']:.3f}"
 
 
 def target_line(model_name: str, summary: dict) -> str:
@@ -128,51 +131,44 @@ def report_diagnose(summary: dict) -> None:
 
 def plot(summary: dict, path: str) -> None:
     """One panel per model: each arm's ratio to its ceiling, with the targets."""
-    import matplotlib
+    harness.plot_panels(path, summary, _plot_model, panel_size=(6, 5.5))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(summary), figsize=(6 * len(summary), 5.5))
-    axes = axes if len(summary) > 1 else [axes]
-    for axis, (model_name, model) in zip(axes, summary.items()):
-        names = list(model["arms"])
-        values = [model["arms"][n]["ratio_to_ceiling"] for n in names]
-        one_process = [model["arms"][n]["ceiling"] == "plain" for n in names]
-        colors = ["tab:blue" if one else "tab:orange" for one in one_process]
-        axis.barh(names, values, color=colors)
-        for y, value in enumerate(values):
-            axis.text(
-                value,
-                y,
-                f" {value:.3f}",
-                va="center",
-                fontsize=8,
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},
-            )
-        axis.axvline(1.0, color="black", linewidth=0.8)
-        one_device = model["targets"]["ours_1_device_step_vs_plain"]["limit"]
-        two_workers = model["targets"]["ours_2_workers_speed_vs_2_plain_processes"]
-        axis.axvline(
-            one_device,
-            color="tab:blue",
-            linestyle="--",
-            label=f"1 process: step / plain, target <= {one_device:g}",
+def _plot_model(axis, model_name: str, model: dict) -> None:
+    names = list(model["arms"])
+    values = [model["arms"][n]["ratio_to_ceiling"] for n in names]
+    one_process = [model["arms"][n]["ceiling"] == "plain" for n in names]
+    colors = ["tab:blue" if one else "tab:orange" for one in one_process]
+    axis.barh(names, values, color=colors)
+    for y, value in enumerate(values):
+        axis.text(
+            value,
+            y,
+            f" {value:.3f}",
+            va="center",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},
         )
-        axis.axvline(
-            two_workers["limit"],
-            color="tab:orange",
-            linestyle="--",
-            label=f"2 processes: speed / 2 plain, target >= {two_workers['limit']:g}",
-        )
-        axis.invert_yaxis()
-        axis.set_xlim(0, max(values + [1.2]) * 1.2)
-        axis.set_xlabel(
-            "ratio to the arm's same-run ceiling\nblue: step / plain (lower is "
-            "better)\norange: speed / 2 plain processes (higher is better)"
-        )
-        axis.set_title(f"{model_name}, global batch {model['global_batch']}")
-        axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    print(f"wrote {path}")
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    one_device = model["targets"]["ours_1_device_step_vs_plain"]["limit"]
+    two_workers = model["targets"]["ours_2_workers_speed_vs_2_plain_processes"]
+    axis.axvline(
+        one_device,
+        color="tab:blue",
+        linestyle="--",
+        label=f"1 process: step / plain, target <= {one_device:g}",
+    )
+    axis.axvline(
+        two_workers["limit"],
+        color="tab:orange",
+        linestyle="--",
+        label=f"2 processes: speed / 2 plain, target >= {two_workers['limit']:g}",
+    )
+    axis.invert_yaxis()
+    axis.set_xlim(0, max(values + [1.2]) * 1.2)
+    axis.set_xlabel(
+        "ratio to the arm's same-run ceiling\nblue: step / plain (lower is "
+        "better)\norange: speed / 2 plain processes (higher is better)"
+    )
+    axis.set_title(f"{model_name}, global batch {model['global_batch']}")
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), fontsize=7)

@@ -40,27 +40,25 @@ median time of steps 10..N of a `fit` call (a callback timestamps every batch);
 the time to the first step (tracing, setup) is reported separately. Each
 configuration is a fresh process group; configurations alternate over `--rounds`.
 
-    python benchmarks/allreduce.py [--workers 2 4] [--rounds 5] [--fit]
-    python benchmarks/allreduce.py --devices 4
-    python benchmarks/allreduce.py --fit-only --fit-model resnet20
-    python benchmarks/allreduce.py --timeline benchmarks/allreduce_timeline.png
+    python -m benchmarks.allreduce [--workers 2 4] [--rounds 5] [--fit]
+    python -m benchmarks.allreduce --devices 4
+    python -m benchmarks.allreduce --fit-only --fit-model resnet20
+    python -m benchmarks.allreduce --timeline benchmarks/allreduce_timeline.png
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# This benchmark's modules (`_allreduce_*.py`) sit next to this script.
-sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
-from _allreduce_devices import devices_worker
-from _allreduce_fit import fit_benchmark, fit_worker
-from _allreduce_raw import plot, report, worker
-from _allreduce_timeline import timeline
+from benchmarks import harness
+from benchmarks._allreduce_common import MODULE
+from benchmarks._allreduce_devices import devices_worker
+from benchmarks._allreduce_fit import fit_benchmark, fit_worker
+from benchmarks._allreduce_raw import plot, report, worker
+from benchmarks._allreduce_timeline import timeline
 
 
 def main() -> None:
@@ -107,24 +105,14 @@ def main() -> None:
         devices_worker(args.devices, args.rounds)
         return
 
-    from keras_replicator.launch import run_workers
-
     tables = {}
     for n in [] if args.fit_only else args.workers:
-        command = [sys.executable, __file__, "--worker", "--rounds", str(args.rounds)]
+        command = harness.module_command(MODULE, "--worker", "--rounds", args.rounds)
         if args.only:
             command += ["--only", args.only]
-        result = run_workers(command, n, timeout=900, echo=False)
-        lines = [
-            line
-            for line in result.workers[0].output.splitlines()
-            if line.startswith("RESULT ")
-        ]
-        if not result.ok or not lines:
-            for w in result.workers:
-                print(w.output[-3000:])
-            raise SystemExit(f"{n}-worker run failed")
-        tables[n] = report(json.loads(lines[-1][len("RESULT ") :]))
+        what = f"{n}-worker run"
+        (result,) = harness.fresh_workers(command, n, what, reporting=[0])
+        tables[n] = report(result)
     if args.png and tables:
         plot(tables, args.png)
     if args.fit or args.fit_only:

@@ -33,7 +33,7 @@ steps of 64, 42 async steps of 32). Arms are fresh process groups, interleaved
 round by round in rotating order; medians over rounds. Final accuracy is
 `evaluate` on the 397 held-out digits after the last epoch.
 
-    python benchmarks/async_ps.py [--rounds 2] [--epochs 20] [--slowdown 3]
+    python -m benchmarks.async_ps [--rounds 2] [--epochs 20] [--slowdown 3]
 
 Prints the table and async / sync (target >= 1.5x examples/s with the straggler);
 saves benchmarks/async_ps.png and benchmarks/async_ps.json.
@@ -42,23 +42,20 @@ saves benchmarks/async_ps.png and benchmarks/async_ps.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# This benchmark's modules (`_async_ps_*.py`) sit next to this script.
-sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import harness
 
 # F401: names tests/benchmarks/test_async_ps.py reads from this script.
-from _async_ps_job import _sleep_each, job, pipeline, task_of  # noqa: F401
-from _async_ps_report import plot, progress, table
-from _async_ps_stats import (
+from benchmarks._async_ps_job import _sleep_each, job, pipeline, task_of  # noqa: F401
+from benchmarks._async_ps_report import plot, progress, table
+from benchmarks._async_ps_stats import (
     ARMS,
     RESULT,
     STRAGGLER,
@@ -82,17 +79,16 @@ def run_arm(arm: str, args, sleep_s: float, workdir: str) -> dict:
     mode, level = ARMS[arm]
     sleep_us = int(1e6 * sleep_s) if level else 0
     stamp_file = os.path.join(workdir, f"stamps-{time.monotonic_ns()}.txt")
-    command = [
-        sys.executable, __file__, "--job", mode, "--epochs", str(args.epochs),
-        "--sleep-us", str(sleep_us), "--stamp-file", stamp_file, "--lr", str(args.lr),
-    ]  # fmt: skip
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = harness.module_command(
+        "benchmarks.async_ps", "--job", mode, "--epochs", args.epochs,
+        "--sleep-us", sleep_us, "--stamp-file", stamp_file, "--lr", args.lr,
+    )  # fmt: skip
+    env = harness.module_environment({"TF_CPP_MIN_LOG_LEVEL": "2"})
     if mode == "one":
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=args.timeout,
-            env={**os.environ, **env}, cwd=workdir,
+        numbers = harness.fresh_process(
+            command, f"arm {arm!r}", env=env, timeout=args.timeout, tag=RESULT,
+            cwd=workdir,
         )  # fmt: skip
-        output, failed = done.stdout + done.stderr, done.returncode != 0
     else:
         if mode == "sync":
             result = run_workers(
@@ -104,13 +100,9 @@ def run_arm(arm: str, args, sleep_s: float, workdir: str) -> dict:
                 command, WORKERS, num_ps=1, timeout=args.timeout, env=env,
                 cwd=workdir, echo=False, grace_seconds=3.0,
             )  # fmt: skip
-        failed = not result.ok
         chief = result.workers[result.job_index or 0]
-        output = result.describe_failure() if failed else chief.output
-    lines = [ln for ln in output.splitlines() if ln.startswith(RESULT)]
-    if failed or not lines:
-        raise SystemExit(f"arm {arm!r} failed:\n{output[-4000:]}")
-    numbers = json.loads(lines[-1][len(RESULT) :])
+        output = chief.output if result.ok else result.describe_failure()
+        numbers = harness.read_result(output, f"arm {arm!r}", RESULT)
     stamps = parse_stamps(pathlib.Path(stamp_file).read_text())
     # Skip each worker's first epoch of batches (tracing, start-up).
     skip = SYNC_STEPS * (WORKERS if mode == "one" else 1)
@@ -158,8 +150,7 @@ def main() -> None:
             flush=True,
         )
         for number in range(args.rounds):
-            shift = number * 3 % len(names)
-            for arm in names[shift:] + names[:shift]:
+            for arm in harness.rotate(names, number * 3):
                 if number == 0 and arm in ("sync", "async"):
                     continue  # the calibration runs are round 0 of these arms
                 level = ARMS[arm][1]
@@ -201,7 +192,7 @@ def main() -> None:
         "ratios": {**ratios, "none": plain},
         "runs": runs,
     }
-    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    harness.write_json(out.with_suffix(".json"), record)
     plot(summary, out.with_suffix(".png"), args.slowdown)
     print(f"saved {out.with_suffix('.png')} and {out.with_suffix('.json')}")
 

@@ -1,6 +1,6 @@
 """What does `CrossReplicaMetrics` cost? fit step time with vs without, interleaved.
 
-    python benchmarks/cross_replica_metrics_overhead.py [--every 10] [--cycles 450]
+    python -m benchmarks.cross_replica_metrics_overhead [--every 10] [--cycles 450]
 
 Trains a model on 2 logical CPU replicas in one long `fit` whose cadence of global
 metrics is switched on and off as it runs, and compares the time of a full cadence
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import harness  # noqa: E402
+from benchmarks._models import compiled  # noqa: E402
 
 ARMS = ("without", "with", "without, again")
 
@@ -64,13 +66,7 @@ def measure(name, build, feature_shape, strategy, args):
     x = rng.normal(size=(steps * batch, *feature_shape)).astype("float32")
     y = rng.integers(0, 10, len(x))
 
-    with strategy.scope():
-        model = build(keras)
-        model.compile(
-            "sgd",
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+    model = compiled(keras, strategy, build, metrics=["accuracy"])
 
     class Arms(keras.callbacks.Callback):
         """Every `block` cycles hands the next arm the cadence; times each cycle."""
@@ -103,7 +99,7 @@ def measure(name, build, feature_shape, strategy, args):
     model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[arms])
     _global_metrics.set_cadence(model, "train", None)
 
-    cycle = {arm: statistics.median(times) for arm, times in arms.cycles.items()}
+    cycle = harness.medians(arms.cycles)
     without = (cycle["without"] + cycle["without, again"]) / 2
     print(f"{name}: {every * batch / without:,.0f} examples/s without")
     print(

@@ -28,7 +28,7 @@ the cache) and is timed over `--batches` batches; arms run interleaved, in rotat
 order, for `--rounds` rounds; medians. Ratios are against the full pipeline of the
 same run.
 
-    python benchmarks/input_pipeline.py [--quick] [--rounds 3] [--size 160]
+    python -m benchmarks.input_pipeline [--quick] [--rounds 3] [--size 160]
 
 Prints the table; saves benchmarks/input_pipeline.png and .json.
 """
@@ -36,15 +36,15 @@ Prints the table; saves benchmarks/input_pipeline.png and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import statistics
 import tempfile
 import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import harness  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
 SHARDS = 16
@@ -78,39 +78,24 @@ SERVICE_ARMS = {
 
 
 # --------------------------------------------------------------------- pure helpers
-def summarize(runs: dict[str, list[float]]) -> dict[str, float]:
-    """Median over rounds of each arm's batches/s."""
-    return {arm: statistics.median(values) for arm, values in runs.items() if values}
+summarize = harness.medians  # median over rounds of each arm's batches/s
+rotate = harness.rotate  # the arms in the order of one round
 
 
 def ratios(summary: dict[str, float], baseline: str = FULL) -> dict[str, float]:
     """Each arm's rate / the baseline's (same run)."""
-    if summary.get(baseline, 0) <= 0:
-        raise ValueError(
-            f"`summary` must hold a positive rate for the baseline {baseline!r}. "
-            f"Received: {summary.get(baseline)!r}."
-        )
-    return {arm: rate / summary[baseline] for arm, rate in summary.items()}
+    return harness.ratios(summary, baseline)
 
 
 def table(summary: dict[str, float], batch_size: int, baseline: str = FULL) -> str:
     """A Markdown table: arm, batches/s, images/s, ratio to the baseline."""
-    lines = [
-        f"| arm | batches/s | images/s | / {baseline} |",
-        "|---|---|---|---|",
+    rows = [
+        (arm, f"{summary[arm]:,.1f}", f"{summary[arm] * batch_size:,.0f}", f"{r:.2f}x")
+        for arm, r in ratios(summary, baseline).items()
     ]
-    for arm, ratio in ratios(summary, baseline).items():
-        rate = summary[arm]
-        lines.append(
-            f"| {arm} | {rate:,.1f} | {rate * batch_size:,.0f} | {ratio:.2f}x |"
-        )
-    return "\n".join(lines)
-
-
-def rotate(arms: list[str], round_index: int) -> list[str]:
-    """The arms in the order of round `round_index` (each starts once in turn)."""
-    shift = round_index % len(arms)
-    return arms[shift:] + arms[:shift]
+    return harness.markdown_table(
+        ("arm", "batches/s", "images/s", f"/ {baseline}"), rows
+    )
 
 
 # --------------------------------------------------------------------- measurements
@@ -278,11 +263,6 @@ def decode_costs(sizes=(160, 448), images=32, repeats=20):
 
 
 def plot(result, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ablation = result["ablation_batches_per_s"]
     served = result.get("service_batches_per_s", {})
     fit = result["fit"]
@@ -298,15 +278,15 @@ def plot(result, path):
         + ["tab:purple"] * len(served)
         + ["tab:green"] * len(fit)
     )
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2))
-    ax.barh(names[::-1], values[::-1], color=colors[::-1])
-    ax.set_xscale("log")
-    ax.set_xlabel(f"batches/s (batch {result['batch']}, {result['image_size']} px)")
-    ax.set_title("Input pipeline: delivered (ablation) vs consumed by fit")
-    for y, value in enumerate(values[::-1]):
-        ax.text(value, y, f" {value:,.1f}", va="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    size = (8, 0.45 * len(names) + 1.2)
+    with harness.figure(path, size=size, dpi=110) as (_, (ax,)):
+        ax.barh(names[::-1], values[::-1], color=colors[::-1])
+        ax.set_xscale("log")
+        batch, side = result["batch"], result["image_size"]
+        ax.set_xlabel(f"batches/s (batch {batch}, {side} px)")
+        ax.set_title("Input pipeline: delivered (ablation) vs consumed by fit")
+        for y, value in enumerate(values[::-1]):
+            ax.text(value, y, f" {value:,.1f}", va="center", fontsize=8)
 
 
 def main(argv=None):
@@ -407,7 +387,7 @@ def main(argv=None):
             f"delivered / consumed = {row['delivered_over_consumed']:.1f}x "
             f"(target >= 3x); input wait share {row['input_wait_share']:.3f}"
         )
-    pathlib.Path(args.out + ".json").write_text(json.dumps(result, indent=2))
+    harness.write_json(args.out + ".json", result, indent=2)
     plot(result, args.out + ".png")
     print(f"\nwrote {args.out}.json and {args.out}.png in {result['seconds']:.0f} s")
 

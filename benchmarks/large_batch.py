@@ -20,8 +20,8 @@ LARS keeps the SGD peak rate (biases are excluded from adaptation and need an SG
 rate) and uses `eeta=0.05`, picked by `--tune` on a validation split carved from the
 training data (never the test set).
 
-    python benchmarks/large_batch.py [--seeds 3] [--epochs 30] [--replicas 2]
-    python benchmarks/large_batch.py --tune    # pick LARS' eeta on a validation split
+    python -m benchmarks.large_batch [--seeds 3] [--epochs 30] [--replicas 2]
+    python -m benchmarks.large_batch --tune    # pick LARS' eeta on a validation split
 
 Prints a table and saves a plot to benchmarks/results/large_batch.png.
 """
@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import harness  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -165,37 +167,39 @@ def configurations(base_learning_rate: float, warmup_epochs: float, replicas: in
 
 
 def print_table(configs, runs, seeds, *, metric="test acc"):
-    baseline = [run.test_accuracy[-1] * 100 for run in runs[configs[0].name]]
-    base_mean = statistics.mean(baseline)
+    final = {
+        c.name: [run.test_accuracy[-1] * 100 for run in runs[c.name]] for c in configs
+    }
+    stats = harness.over_seeds(final, configs[0].name)
     header = (
         f"{'configuration':<26} {'batch':>5} {'opt':>4} {'peak lr':>8} "
         f"{'warmup':>7} {metric + ' %':>16} {'diff':>6} {'ratio':>6} {'s/run':>6}"
     )
-    print(header)
-    print("-" * len(header))
+    lines = []
     for config in configs:
-        accuracies = [run.test_accuracy[-1] * 100 for run in runs[config.name]]
-        mean = statistics.mean(accuracies)
-        spread = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
+        s = stats[config.name]
         seconds = statistics.mean(run.seconds for run in runs[config.name])
         warmup = f"{config.warmup_epochs:g} ep" if config.warmup_epochs else "-"
-        print(
+        lines.append(
             f"{config.name:<26} {config.batch_size:>5} {config.optimizer:>4} "
             f"{config.peak_learning_rate:>8.3g} {warmup:>7} "
-            f"{mean:>9.2f} ± {spread:<4.2f} {mean - base_mean:>+6.2f} "
-            f"{mean / base_mean:>6.3f} {seconds:>6.1f}"
+            f"{s['mean']:>9.2f} ± {s['std']:<4.2f} {s['diff']:>+6.2f} "
+            f"{s['ratio']:>6.3f} {seconds:>6.1f}"
         )
-    print(f"(mean ± std over {len(seeds)} seeds: {', '.join(map(str, seeds))})")
+    note = f"(mean ± std over {len(seeds)} seeds: {', '.join(map(str, seeds))})"
+    harness.print_table(header, lines, note)
 
 
 def plot(configs, runs, path: Path, epochs: int) -> None:
-    import matplotlib
+    title = "digits MLP: 16x batch vs batch 32, same epochs"
+    drawing = harness.figure(path, size=(11, 4), panels=2, dpi=120, title=title)
+    with drawing as (_, (accuracy_axis, loss_axis)):
+        _draw(configs, runs, epochs, accuracy_axis, loss_axis)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _draw(configs, runs, epochs: int, accuracy_axis, loss_axis) -> None:
     import numpy as np
 
-    figure, (accuracy_axis, loss_axis) = plt.subplots(1, 2, figsize=(11, 4))
     x = np.arange(1, epochs + 1)
     for config in configs:
         accuracy = np.array([run.test_accuracy for run in runs[config.name]]) * 100
@@ -210,10 +214,6 @@ def plot(configs, runs, path: Path, epochs: int) -> None:
     accuracy_axis.set_ylim(50, 100)
     accuracy_axis.legend(loc="lower right", fontsize=8)
     loss_axis.set(xlabel="epoch", ylabel="training loss (mean)", yscale="log")
-    figure.suptitle("digits MLP: 16x batch vs batch 32, same epochs")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
 
 
 def tune_eeta(args, strategy) -> None:

@@ -38,8 +38,8 @@ How the defaults were picked without the test set (`--validation` trains on the
 first 80% of the training split and scores the last 20%): docs/optimizers.md, "How
 LARS' values were picked" (LARS and the shared warmup; the other rates: as given).
 
-    python benchmarks/large_batch_optimizers.py [--seeds 5] [--epochs 30]
-    python benchmarks/large_batch_optimizers.py --validation --seeds 2 \\
+    python -m benchmarks.large_batch_optimizers [--seeds 5] [--epochs 30]
+    python -m benchmarks.large_batch_optimizers --validation --seeds 2 \\
         --multipliers 16,32 --recipes "LARS + warmup" --eeta 0.02
 
 Needs `mnist1d` (the `demo` extra). Prints a table and saves a bar plot and the
@@ -50,7 +50,6 @@ numbers (`.json`) to benchmarks/large_batch_optimizers.png (none with
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -59,6 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import harness  # noqa: E402
 
 HERE = Path(__file__).resolve().parent  # results beside the script, as the others
 BASE_BATCH = 32
@@ -222,20 +223,19 @@ def configurations(args, train_size: int) -> list[Config]:
 
 def summarize(configs, runs) -> list[dict]:
     baseline = next(c for c in configs if c.recipe == "SGD" and c.multiplier == 1)
-    base_mean = statistics.mean(r["test_accuracy"] for r in runs[baseline.name])
+    accuracies = {c.name: [r["test_accuracy"] for r in runs[c.name]] for c in configs}
+    stats = harness.over_seeds(accuracies, baseline.name)
     rows = []
     for config in configs:
-        accuracies = [r["test_accuracy"] for r in runs[config.name]]
-        mean = statistics.mean(accuracies)
+        s = stats[config.name]
         rows.append(
             {
                 "recipe": config.label, "batch": config.batch_size,
                 "multiplier": config.multiplier, "peak_lr": config.peak_learning_rate,
-                "warmup_epochs": config.warmup_epochs, "mean": mean,
-                "std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
-                "diff": mean - base_mean, "ratio": mean / base_mean,
+                "warmup_epochs": config.warmup_epochs, "mean": s["mean"],
+                "std": s["std"], "diff": s["diff"], "ratio": s["ratio"],
                 "seconds": statistics.mean(r["seconds"] for r in runs[config.name]),
-                "accuracies": accuracies,
+                "accuracies": accuracies[config.name],
             }
         )  # fmt: skip
     return rows
@@ -247,28 +247,28 @@ def print_table(rows, seeds, evaluated_on: str = "test") -> None:
         f"{'recipe':<14} {'batch':>5} {'peak lr':>8} {'warmup':>7} "
         f"{accuracy:>15} {'vs x1 SGD':>9} {'ratio':>6} {'s/run':>6}"
     )
-    print(header)
-    print("-" * len(header))
+    lines = []
     for row in rows:
         warmup = f"{row['warmup_epochs']:g} ep" if row["warmup_epochs"] else "-"
-        print(
+        lines.append(
             f"{row['recipe']:<14} {row['batch']:>5} {row['peak_lr']:>8.3g} "
             f"{warmup:>7} {row['mean']:>8.2f} ± {row['std']:<4.2f} "
             f"{row['diff']:>+9.2f} {row['ratio']:>6.3f} {row['seconds']:>6.1f}"
         )
-    print(f"(mean ± std over {len(seeds)} seeds: {', '.join(map(str, seeds))})")
+    note = f"(mean ± std over {len(seeds)} seeds: {', '.join(map(str, seeds))})"
+    harness.print_table(header, lines, note)
 
 
 def plot(rows, path: Path, epochs: int, evaluated_on: str = "test") -> None:
-    import matplotlib
+    with harness.figure(path, size=(11, 4.5), dpi=120) as (_, (axis,)):
+        _draw(rows, axis, epochs, evaluated_on)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _draw(rows, axis, epochs: int, evaluated_on: str) -> None:
     import numpy as np
 
     batches = sorted({row["batch"] for row in rows})
     recipes = list(dict.fromkeys(row["recipe"] for row in rows))
-    figure, axis = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(recipes)
     for i, recipe in enumerate(recipes):
         chosen = {r["batch"]: r for r in rows if r["recipe"] == recipe}
@@ -283,8 +283,6 @@ def plot(rows, path: Path, epochs: int, evaluated_on: str = "test") -> None:
     axis.set_ylim(0, 100)
     axis.legend(fontsize=8, ncol=3, loc="upper right")
     axis.set_title(f"mnist1d MLP, {epochs} epochs at every batch (dashed: x1 SGD)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -391,7 +389,7 @@ def main() -> None:
             "seeds": seeds,
             "rows": rows,
         }
-        output.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        harness.write_json(output.with_suffix(".json"), report)
         plot(rows, output, args.epochs, evaluated_on)
         print(f"plot: {output}, numbers: {output.with_suffix('.json')}")
 

@@ -1,7 +1,7 @@
 """The socket ring across machines: flat, by listing, in rows and columns (issue 37).
 
 Four worker processes on 2 simulated machines (network namespaces joined by a
-bridge whose links `tc` shapes to `--rates`; `tests/_cluster`, needs root), 2
+bridge whose links `tc` shapes to `--rates`; `simulated_cluster`, needs root), 2
 workers each. Per link speed, arms interleaved round by round, each a fresh
 process group; worker 0 times `all_reduce` of `--sizes-mb` float32 buffers
 (median of 5 calls after one warm-up) straight on the strategy's ring:
@@ -17,7 +17,7 @@ process group; worker 0 times `all_reduce` of `--sizes-mb` float32 buffers
 `--fit` adds the 6.3M-parameter MLP of `step_overhead.py` (global batch 256, 1
 thread per worker): the median steady step of `fit`, flat vs grid.
 
-    sudo python benchmarks/machines.py [--rates 1gbit] [--rounds 3]
+    sudo python -m benchmarks.machines [--rates 1gbit] [--rounds 3]
         [--sizes-mb 25 100] [--fit] [--json PATH] [--png PATH]
 
 Reports each arm's time and its speed-up over the baseline (higher is better;
@@ -32,11 +32,10 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+
+from benchmarks import harness
 
 ARMS = {  # name: (machine of each worker, environment)
     "flat, listed h1 h1 h2 h2": (
@@ -84,46 +83,38 @@ def worker(sizes_mb, fit: bool) -> None:
     if fit:
         result["fit_step_s"] = _fit_step(strategy)
     if os.environ.get("KERAS_REPLICATOR_WORKER_INDEX") == "0":
-        print("RESULT " + json.dumps(result), flush=True)
+        harness.emit_result(result)
 
 
 def _fit_step(strategy) -> float:
-    import time
-
     import keras
     import numpy as np
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _step_overhead_arm import build_model
+    from benchmarks._models import build_model, compiled
 
     batch, steps, steady = 256, 30, 10
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch * steps, 784)).astype("float32")
     y = rng.integers(0, 10, len(x))
-    with strategy.scope():
-        model = build_model(keras, "mlp")
-        model.compile(
-            keras.optimizers.SGD(0.01),
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    ends: list[float] = []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            ends.append(time.perf_counter())
-
-    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[Stamp()])
-    return statistics.median(b - a for a, b in zip(ends[steady:], ends[steady + 1 :]))
+    model = compiled(
+        keras,
+        strategy,
+        lambda k: build_model(k, "mlp"),
+        lambda: keras.optimizers.SGD(0.01),
+    )
+    stamp, ends = harness.batch_end_stamps(keras)
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[stamp])
+    return harness.steady_interval(ends, steady)
 
 
 def run_arm(cluster, arm: str, sizes_mb, fit: bool) -> dict:
     machines, environment = ARMS[arm]
     workers = [f"{cluster.address(m)}:{24100 + i}" for i, m in enumerate(machines)]
-    command = [sys.executable, os.path.abspath(__file__), "--worker"]
+    command = harness.module_command("benchmarks.machines", "--worker")
     command += ["--sizes-mb", *map(str, sizes_mb)] + (["--fit"] if fit else [])
     processes = []
     for index, machine in enumerate(machines):
-        env = dict(os.environ, **environment)
+        env = dict(os.environ, **harness.module_environment(environment))
         env["KERAS_REPLICATOR_WORKER_INDEX"] = str(index)
         env["TF_CONFIG"] = json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
@@ -133,17 +124,17 @@ def run_arm(cluster, arm: str, sizes_mb, fit: bool) -> dict:
                 machine,
                 command,
                 env=env,
-                cwd=ROOT,
+                cwd=harness.ROOT,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
         )
     outputs = [p.communicate(timeout=900)[0] for p in processes]
-    lines = [line for line in outputs[0].splitlines() if line.startswith("RESULT ")]
-    if not lines or any(p.returncode for p in processes):
-        raise SystemExit(f"{arm!r} failed:\n" + outputs[0][-3000:])
-    return json.loads(lines[-1][len("RESULT ") :])
+    failed = [i for i, p in enumerate(processes) if p.returncode]
+    if failed:
+        raise RuntimeError(f"{arm!r}: workers {failed} failed:\n{outputs[0][-3000:]}")
+    return harness.read_result(outputs[0], repr(arm))
 
 
 def main() -> None:
@@ -166,25 +157,24 @@ def main() -> None:
         with open(args.replot) as file:
             plot(json.load(file)["rates"], args.png or "machines.png")
         return
-    from tests import _cluster as simulated
+    import simulated_cluster as simulated
 
     reason = simulated.unavailable_reason()
     if reason is not None:
         raise SystemExit(f"No simulated machines here: {reason}")
     summary = {}
     for rate in args.rates:
-        samples: dict = {arm: [] for arm in ARMS}
         with simulated.SimulatedCluster(hosts=2, rate=rate) as cluster:
-            for round_index in range(args.rounds):
-                for arm in ARMS:
-                    fit = args.fit and arm in FIT_ARMS
-                    samples[arm].append(run_arm(cluster, arm, args.sizes_mb, fit))
-                print(f"{rate}: round {round_index + 1} done", file=sys.stderr)
+
+            def measure(arm, cluster=cluster):
+                fit = args.fit and arm in FIT_ARMS
+                return run_arm(cluster, arm, args.sizes_mb, fit)
+
+            samples = harness.interleave(list(ARMS), args.rounds, measure)
         summary[rate] = summarize(samples, args.sizes_mb)
         report(rate, summary[rate])
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump({"settings": vars(args), "rates": summary}, file, indent=1)
+        harness.write_json(args.json, {"settings": vars(args), "rates": summary})
     if args.png:
         plot(summary, args.png)
 
@@ -226,35 +216,28 @@ def report(rate: str, rows: dict) -> None:
 
 
 def plot(summary: dict, path: str) -> None:
-    import matplotlib
+    harness.plot_panels(path, summary, _plot_rate, panel_size=(7, 4.5))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(summary), figsize=(7 * len(summary), 4.5))
-    axes = axes if len(summary) > 1 else [axes]
-    for axis, (rate, rows) in zip(axes, summary.items()):
-        keys = list(dict.fromkeys(k for row in rows.values() for k in row["speedup"]))
-        for row in rows.values():
-            row["speedup"] = {key: row["speedup"].get(key) for key in keys}
-        width = 0.8 / len(rows)
-        for k, (arm, row) in enumerate(rows.items()):
-            shown = [(i, row["speedup"][key]) for i, key in enumerate(keys)]
-            shown = [(i, v) for i, v in shown if v is not None]
-            positions = [i + k * width for i, _ in shown]
-            values = [v for _, v in shown]  # an arm not run for `fit` has no bar
-            axis.bar(positions, values, width, label=arm)
-            for x, v in zip(positions, values):
-                axis.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
-        axis.set_xticks([i + width for i in range(len(keys))])
-        axis.set_xticklabels([f"{k} MB" if k != "fit" else "MLP fit" for k in keys])
-        axis.axhline(1.0, color="black", linewidth=0.8)
-        axis.set_ylabel(f"speed-up over {BASELINE} (same run)")
-        axis.set_title(f"2 machines x 2 workers, links shaped to {rate}")
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    print(f"wrote {path}")
+def _plot_rate(axis, rate: str, rows: dict) -> None:
+    keys = list(dict.fromkeys(k for row in rows.values() for k in row["speedup"]))
+    for row in rows.values():
+        row["speedup"] = {key: row["speedup"].get(key) for key in keys}
+    width = 0.8 / len(rows)
+    for k, (arm, row) in enumerate(rows.items()):
+        shown = [(i, row["speedup"][key]) for i, key in enumerate(keys)]
+        shown = [(i, v) for i, v in shown if v is not None]
+        positions = [i + k * width for i, _ in shown]
+        values = [v for _, v in shown]  # an arm not run for `fit` has no bar
+        axis.bar(positions, values, width, label=arm)
+        for x, v in zip(positions, values):
+            axis.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    axis.set_xticks([i + width for i in range(len(keys))])
+    axis.set_xticklabels([f"{k} MB" if k != "fit" else "MLP fit" for k in keys])
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_ylabel(f"speed-up over {BASELINE} (same run)")
+    axis.set_title(f"2 machines x 2 workers, links shaped to {rate}")
+    axis.legend(fontsize=7)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ during training steps above the bytes held before them (weights, optimizer state
 The cap row sets `TF_CPU_BFC_MEM_LIMIT_IN_MB` and deepens a model until a training
 step runs out of memory, with and without re-materialization.
 
-    python benchmarks/pipeline.py            # table + benchmarks/pipeline.png/.json
+    python -m benchmarks.pipeline            # table + benchmarks/pipeline.png/.json
 """
 
 from __future__ import annotations
@@ -31,49 +31,39 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
-import sys
 
-# This benchmark's modules (`_pipeline_*.py`) sit next to this script.
-sys.path.append(os.path.dirname(os.path.abspath(__file__)))
-
-from _pipeline_configs import (
+from benchmarks import harness
+from benchmarks._pipeline_configs import (
     BFC,
     CAP_DEPTHS,
     CAP_MB,
     memory_configs,
     throughput_configs,
 )
-from _pipeline_report import plot
-from _pipeline_report import tables as _tables  # the name the tests read
-from _pipeline_worker import worker
+from benchmarks._pipeline_report import plot
+from benchmarks._pipeline_report import tables as _tables  # the name the tests read
+from benchmarks._pipeline_worker import worker
 
 HERE = pathlib.Path(__file__).parent
 
 
 def start(config: dict, env: dict | None = None) -> subprocess.Popen:
-    env = dict(
-        os.environ,
-        MALLOC_MMAP_THRESHOLD_="65536",
-        TF_CPP_MIN_LOG_LEVEL="3",
-        **(env or {}),
-    )
+    """Starts one measurement in a fresh process (several may run at once)."""
+    extra = {"MALLOC_MMAP_THRESHOLD_": "65536", "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.Popen(
-        [sys.executable, __file__, "--worker", json.dumps(config)],
+        harness.module_command("benchmarks.pipeline", "--worker", json.dumps(config)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        cwd=harness.ROOT,
+        env={**os.environ, **harness.module_environment({**extra, **(env or {})})},
     )
 
 
 def result(process: subprocess.Popen, config: dict) -> dict:
     stdout, stderr = process.communicate(timeout=900)
-    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"worker failed for {config}:\n{stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return harness.read_result(stdout + stderr, f"worker for {config}")
 
 
 def run(config: dict, env: dict | None = None) -> dict:
@@ -115,29 +105,24 @@ def main(rounds: int, steps: int) -> None:
     names = list(configs)
     speeds = {name: [] for name in names}
     for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
+        for name in harness.rotate(names, r):
             config, copies = configs[name]
             speed = run_together(config, copies)
             speeds[name].append(speed)
             print(f"round {r} {name}: {speed:.0f} samples/s", flush=True)
-    median = {name: statistics.median(v) for name, v in speeds.items()}
+    median = harness.medians(speeds)
     memory = {name: run(c, BFC) for name, c in memory_configs().items()}
     cap = {mode: deepest_trainable(mode) for mode in ("never", "always")}
     table = _tables(names, median, memory, cap)
     print(table)
-    (HERE / "pipeline.json").write_text(
-        json.dumps(
-            {
-                "speeds": speeds,
-                "median": median,
-                "memory": memory,
-                "cap_mb": CAP_MB,
-                "deepest": cap,
-            },
-            indent=1,
-        )
-    )
+    record = {
+        "speeds": speeds,
+        "median": median,
+        "memory": memory,
+        "cap_mb": CAP_MB,
+        "deepest": cap,
+    }
+    harness.write_json(HERE / "pipeline.json", record)
     plot(names, median, memory, cap, HERE / "pipeline.png")
 
 
@@ -162,6 +147,6 @@ if __name__ == "__main__":
     if args.replot:
         replot()
     elif args.worker:
-        print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
+        harness.emit_result(worker(json.loads(args.worker)))
     else:
         main(args.rounds, args.steps)

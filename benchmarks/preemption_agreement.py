@@ -1,6 +1,6 @@
 """What does the preemption agreement of `BackupAndRestore` cost per step on 2 workers?
 
-    python benchmarks/preemption_agreement.py [--rounds 5] [--steps 60]
+    python -m benchmarks.preemption_agreement [--rounds 5] [--steps 60]
         [--transport socket|collective]
 
 Starts 2 worker processes on 127.0.0.1 (`keras_replicator.launch.run_workers`), each
@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import textwrap
+
+from benchmarks import harness
 
 ARMS = ("without", "with", "without, again")
 
@@ -117,19 +118,17 @@ def main(argv=None) -> None:
     result = run_workers(command, 2, timeout=1200, echo=False)
     if not result.ok:
         raise SystemExit("\n".join(w.output[-3000:] for w in result.workers))
-    line = next(
-        ln for ln in result.workers[0].output.splitlines() if ln.startswith("TIMES ")
-    )
-    measured = json.loads(line[len("TIMES ") :])
+    measured = harness.read_result(result.workers[0].output, "worker 0", "TIMES ")
     times, spent = measured["step"], measured["callback"]
-    median = {arm: 1e3 * statistics.median(times[arm]) for arm in ARMS}
+    median = {arm: 1e3 * m for arm, m in harness.medians(times).items()}
+    spent_median = harness.medians(spent)
     print(
         f"2 workers, transport={args.transport}, {args.rounds} rounds x "
         f"{args.steps} steps, median ms (worker 0): step interval | time in "
         "BackupAndRestore.on_train_batch_end"
     )
     for arm in ARMS:
-        callback = 1e3 * statistics.median(spent[arm])
+        callback = 1e3 * spent_median[arm]
         print(
             f"  {arm:<16} {median[arm]:8.3f} | {callback:7.3f}  "
             f"({len(times[arm])} steps)"

@@ -20,22 +20,20 @@ Step time: the median over the steady steps (after 2 warm-up steps) of each run,
 then the median over rounds; the rows run in rotating order each round, each in a
 fresh process (the peak and the logical CPU split are per process).
 
-    python benchmarks/spatial.py           # table + benchmarks/spatial.png/.json
-    python benchmarks/spatial.py --replot  # table + PNG from spatial.json
+    python -m benchmarks.spatial           # table + benchmarks/spatial.png/.json
+    python -m benchmarks.spatial --replot  # table + PNG from spatial.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
-import subprocess
-import sys
+
+from benchmarks import harness
 
 HERE = pathlib.Path(__file__).parent
-WORKER = str(HERE / "_spatial_worker.py")
 ENV = {
     "TF_CPU_ALLOCATOR_USE_BFC": "true",
     "MALLOC_MMAP_THRESHOLD_": "65536",
@@ -74,29 +72,13 @@ def measure(name: str, size: int, batch: int, steps: int) -> dict:
         "steps": steps,
         **extra,
     }
-    command = [sys.executable, WORKER, json.dumps(config)]
+    command = harness.module_command("benchmarks._spatial_worker", json.dumps(config))
     if extra.get("multi_worker") or processes > 1:
-        from keras_replicator.launch import run_workers
-
-        launched = run_workers(command, processes, timeout=TIMEOUT, env=ENV, echo=False)
-        if launched.timed_out:
-            raise RuntimeError(f"{name}: the workers did not finish in {TIMEOUT} s")
-        outputs = [w.output for w in launched.workers]
-    else:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            env={**os.environ, **ENV},
+        results = harness.fresh_workers(
+            command, processes, name, env=ENV, timeout=TIMEOUT
         )
-        outputs = [done.stdout + done.stderr]
-    results = []
-    for output in outputs:
-        lines = [x for x in output.splitlines() if x.startswith("RESULT ")]
-        if not lines:
-            raise RuntimeError(f"{name} failed:\n{output[-3000:]}")
-        results.append(json.loads(lines[-1][len("RESULT ") :]))
+    else:
+        results = [harness.fresh_process(command, name, env=ENV, timeout=TIMEOUT)]
     first = results[0]
     first["peak_mb_per_worker"] = [r["peak_mb"] for r in results]
     first["peak_mb"] = max(first["peak_mb_per_worker"])
@@ -159,15 +141,19 @@ def table(rows: dict, size: int, batch: int) -> str:
 
 
 def plot(rows: dict, size: int, batch: int, path: pathlib.Path) -> None:
-    import matplotlib
+    title = (
+        f"kr.spatial.partition, small_resnet {size}x{size}x3, "
+        f"{batch} images per group and step"
+    )
+    drawing = harness.figure(path, size=(13, 4.8), panels=2, dpi=110, title=title)
+    with drawing as (_, (memory, time)):
+        _draw(rows, memory, time)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _draw(rows: dict, memory, time) -> None:
     names = list(rows)
     labels = [n.replace(", ", "\n", 1) for n in names]
     colors = ["tab:gray" if rows[n]["P"] == 1 else "tab:blue" for n in names]
-    figure, (memory, time) = plt.subplots(1, 2, figsize=(13, 4.8))
     memory.bar(labels, [rows[n]["per_replica_mb"] for n in names], color=colors)
     for kind, ref in BASELINE.items():
         if ref not in rows:
@@ -199,20 +185,13 @@ def plot(rows: dict, size: int, batch: int, path: pathlib.Path) -> None:
     time.set_title("step time (2 CPU cores shared by every replica)")
     for axis in (memory, time):
         axis.tick_params(axis="x", labelsize=7, rotation=30)
-    figure.suptitle(
-        f"kr.spatial.partition, small_resnet {size}x{size}x3, "
-        f"{batch} images per group and step"
-    )
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
 
 
 def main(rounds: int, size: int, batch: int, steps: int, only: list | None) -> None:
     names = only or list(CONFIGS)
     runs = {name: [] for name in names}
     for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
+        for name in harness.rotate(names, r):
             result = measure(name, size, batch, steps)
             runs[name].append(result)
             print(
@@ -223,7 +202,7 @@ def main(rounds: int, size: int, batch: int, steps: int, only: list | None) -> N
     rows = summary(runs)
     print(table(rows, size, batch))
     saved = {"size": size, "batch": batch, "steps": steps, "runs": runs, "rows": rows}
-    (HERE / "spatial.json").write_text(json.dumps(saved, indent=1))
+    harness.write_json(HERE / "spatial.json", saved)
     plot(rows, size, batch, HERE / "spatial.png")
 
 

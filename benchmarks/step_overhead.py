@@ -46,7 +46,7 @@ Arms, at each model's global batch:
   synchronous step with no communication, the ceiling of any synchronous
   data-parallel trainer on these cores (issue 36).
 
-    python benchmarks/step_overhead.py [--rounds 3]
+    python -m benchmarks.step_overhead [--rounds 3]
         [--models mlp small_mlp resnet20] [--arms ARM ...] [--diagnose]
         [--json PATH] [--png benchmarks/step_overhead.png]
 
@@ -75,17 +75,14 @@ Models:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# This benchmark's modules (`_step_overhead_*.py`) sit next to this script.
-sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
-from _step_overhead_arm import (
+from benchmarks import harness
+from benchmarks._step_overhead_arm import (
     BUCKETS_16MB,
     GLOBAL_BATCH,
     LOCKSTEP,
@@ -95,8 +92,8 @@ from _step_overhead_arm import (
     TWO_PROCESS_ARMS,
     run_arm,
 )
-from _step_overhead_arm import build_model as build_model  # for callers
-from _step_overhead_report import plot, report, report_diagnose
+from benchmarks._step_overhead_arm import build_model as build_model  # for callers
+from benchmarks._step_overhead_report import plot, report, report_diagnose
 
 MODELS = ("mlp", "small_mlp", "resnet20")
 ARMS = (
@@ -123,21 +120,13 @@ def ceiling_of(arm: str) -> str:
 
 def measure(arm: str, model_name: str, steps: int, diagnose: bool) -> dict:
     """Runs one arm in fresh processes; returns worker 0's result."""
-    from keras_replicator.launch import run_workers
-
-    command = [sys.executable, os.path.abspath(__file__), "--arm", arm]
+    command = harness.module_command("benchmarks.step_overhead", "--arm", arm)
     command += ["--model", model_name, "--steps", str(steps)]
     command += ["--diagnose"] if diagnose else []
+    what = f"{arm!r} on {model_name}"
     if arm in TWO_PROCESS_ARMS:
-        output = run_workers(command, 2, timeout=900, echo=False).workers[0].output
-    else:
-        output = subprocess.run(
-            command, capture_output=True, text=True, timeout=900
-        ).stdout
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise SystemExit(f"{arm!r} on {model_name} failed:\n{output[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+        return harness.fresh_workers(command, 2, what, reporting=[0])[0]
+    return harness.fresh_process(command, what)
 
 
 def with_ceilings(arms) -> list[str]:
@@ -153,13 +142,16 @@ def with_ceilings(arms) -> list[str]:
 
 def benchmark(models, rounds: int, arms=ARMS, steps=None, diagnose=False) -> dict:
     """Per (model, arm), the list of per-round results, interleaved round by round."""
-    samples = {model: {arm: [] for arm in arms} for model in models}
-    for round_index in range(rounds):
-        for model_name in models:
-            for arm in arms:
-                result = measure(arm, model_name, steps or STEPS[model_name], diagnose)
-                samples[model_name][arm].append(result)
-        print(f"round {round_index + 1} of {rounds} done", file=sys.stderr, flush=True)
+
+    def run(pair):
+        model_name, arm = pair
+        return measure(arm, model_name, steps or STEPS[model_name], diagnose)
+
+    pairs = [(model_name, arm) for model_name in models for arm in arms]
+    results = harness.interleave(pairs, rounds, run)
+    samples = {model: {} for model in models}
+    for (model_name, arm), per_round in results.items():
+        samples[model_name][arm] = per_round
     return samples
 
 
@@ -331,8 +323,7 @@ def main() -> None:
             "steady_after": STEADY_AFTER,
             "diagnose": args.diagnose,
         }
-        with open(args.json, "w") as file:
-            json.dump({"settings": settings, "models": summary}, file, indent=1)
+        harness.write_json(args.json, {"settings": settings, "models": summary})
     if args.png:
         plot(summary, args.png)
 

@@ -12,7 +12,7 @@ of 8-32 steps were dominated by per-call setup and showed a 1.3x "overhead" that
 steady-state steps do not have). The per-call setup (from `fit` to the end of the
 first batch) is reported separately.
 
-    python benchmarks/strategy_overhead.py [--rounds 5]
+    python -m benchmarks.strategy_overhead [--rounds 5]
 
 Prints ours/stock (target >= 0.98) and 2 replicas / 1 device.
 """
@@ -25,6 +25,9 @@ import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import harness  # noqa: E402
+from benchmarks._models import compiled  # noqa: E402
 
 
 def resnet(keras):
@@ -65,11 +68,7 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
 
-    stamps: list = []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
+    stamp, stamps = harness.batch_end_stamps(keras)
 
     rng = np.random.default_rng(0)
     workloads = {
@@ -87,13 +86,7 @@ def main() -> None:
         keras.utils.set_random_seed(0)
         initial = build(keras).get_weights()
         for name, strategy in strategies.items():
-            with strategy.scope():
-                model = build(keras)
-                model.compile(
-                    "sgd",
-                    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    metrics=["accuracy"],
-                )
+            model = compiled(keras, strategy, build, metrics=["accuracy"])
             model.set_weights(initial)
             model.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # trace + warm up
             runs[(work, name)] = (model, x, y, batch, [], [])
@@ -102,13 +95,12 @@ def main() -> None:
         for model, x, y, batch, speeds, setups in runs.values():
             stamps.clear()
             start = time.perf_counter()
-            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[Stamp()])
-            steady = [b - a for a, b in zip(stamps[2:], stamps[3:])]
-            speeds.append(batch / statistics.median(steady))
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[stamp])
+            speeds.append(batch / harness.steady_interval(stamps, 2))
             setups.append(stamps[0] - start)
 
     print(f"{'workload':<8} {'strategy':<9} {'examples/s':>11} {'1st step ms':>12}")
-    median = {key: statistics.median(run[4]) for key, run in runs.items()}
+    median = harness.medians({key: run[4] for key, run in runs.items()})
     for (work, name), speed in median.items():
         setup = statistics.median(runs[(work, name)][5])
         print(f"{work:<8} {name:<9} {speed:>11,.0f} {setup * 1e3:>12.0f}")

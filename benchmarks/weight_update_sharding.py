@@ -23,7 +23,7 @@ unsharded of the same run. Measured per arm (`_sharding_worker.py`):
   and unsharded move the same bytes);
 * `fit` examples/s in steady state.
 
-    python benchmarks/weight_update_sharding.py [--rounds 2] [--quick]
+    python -m benchmarks.weight_update_sharding [--rounds 2] [--quick]
         [--models mlp-adam mlp-lars resnet20-adam] [--topologies workers cpu2 cpu4]
         [--json benchmarks/weight_update_sharding.json]
         [--png benchmarks/weight_update_sharding.png]
@@ -37,14 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
-HERE = pathlib.Path(__file__).parent
-WORKER = str(HERE / "_sharding_worker.py")
+from benchmarks import harness
+
 GLOBAL_BATCH = 256
 TIMEOUT = 600
 TARGET_UPDATE = 0.6  # issue 24: sharded update <= 0.6x unsharded, Adam, 2 workers
@@ -84,23 +82,13 @@ def arm_config(model_key: str, topology: str, shard: bool, quick: bool) -> dict:
 
 def measure(config: dict) -> dict:
     """Runs one arm in fresh process(es); returns worker 0's result."""
-    command = [sys.executable, WORKER, json.dumps(config)]
-    if config["processes"] > 1:
-        from keras_replicator.launch import run_workers
-
-        launched = run_workers(
-            command, config["processes"], timeout=TIMEOUT, echo=False
-        )
-        if launched.timed_out:
-            raise RuntimeError(f"{config}: the workers did not finish in {TIMEOUT} s")
-        output = launched.workers[0].output
-    else:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
-        output = done.stdout + done.stderr
-    lines = [x for x in output.splitlines() if x.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"{config} failed:\n{output[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    command = harness.module_command("benchmarks._sharding_worker", json.dumps(config))
+    processes, what = config["processes"], str(config)
+    if processes > 1:
+        return harness.fresh_workers(
+            command, processes, what, timeout=TIMEOUT, reporting=[0]
+        )[0]
+    return harness.fresh_process(command, what, timeout=TIMEOUT)
 
 
 def benchmark(models, topologies, rounds: int, quick: bool) -> dict:
@@ -228,11 +216,6 @@ def report(rows: list[dict]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     shown = [r for r in rows if "ratios" in r]
     metrics = (
         ("state_bytes", "optimizer state / replica"),
@@ -240,7 +223,13 @@ def plot(rows: list[dict], path: str) -> None:
         ("apply_ms", "apply time (reduction + update)"),
         ("examples_per_s", "fit examples/s"),
     )
-    figure, axis = plt.subplots(figsize=(10, 1.8 + 0.8 * max(len(shown), 1)))
+    size = (10, 1.8 + 0.8 * max(len(shown), 1))
+    with harness.figure(path, size=size) as (_, (axis,)):
+        _plot_ratios(axis, shown, metrics)
+    print(f"wrote {path}")
+
+
+def _plot_ratios(axis, shown: list[dict], metrics) -> None:
     height = 0.8 / len(metrics)
     for k, (name, label) in enumerate(metrics):
         positions = [i + (k - 1.5) * height for i in range(len(shown))]
@@ -253,9 +242,6 @@ def plot(rows: list[dict], path: str) -> None:
     axis.set_xlabel("sharded / unsharded (same run; dashed: 0.6x update target)")
     axis.set_title(f"Weight-update sharding, global batch {GLOBAL_BATCH}, 2 CPU cores")
     axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    print(f"wrote {path}")
 
 
 def main() -> None:
@@ -289,8 +275,7 @@ def main() -> None:
             "global_batch": GLOBAL_BATCH,
             "steps": QUICK_STEPS if args.quick else STEPS,
         }
-        with open(args.json, "w") as file:
-            json.dump({"settings": settings, "rows": rows}, file, indent=1)
+        harness.write_json(args.json, {"settings": settings, "rows": rows})
         print(f"wrote {args.json}")
     if args.png:
         plot(rows, args.png)

@@ -1,17 +1,12 @@
 """The pure helpers of benchmarks/async_ps.py and its straggler pipeline (fast)."""
 
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-PATH = Path(__file__).parents[2] / "benchmarks" / "async_ps.py"
-spec = importlib.util.spec_from_file_location("async_ps_benchmark", PATH)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import async_ps as bench
 
 
 def test_parse_stamps_groups_by_task_and_strips_tf_print_quotes():

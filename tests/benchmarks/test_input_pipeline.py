@@ -1,14 +1,8 @@
 """The pure helpers of benchmarks/input_pipeline.py (fast, no TensorFlow work)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-PATH = Path(__file__).parents[2] / "benchmarks" / "input_pipeline.py"
-spec = importlib.util.spec_from_file_location("input_pipeline_benchmark", PATH)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import input_pipeline as bench
 
 
 def test_summarize_takes_the_median_over_rounds():

@@ -1,17 +1,10 @@
 """The pure helpers of benchmarks/large_batch_optimizers.py (fast, no TensorFlow)."""
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).parents[2] / "benchmarks" / "large_batch_optimizers.py"
-spec = importlib.util.spec_from_file_location("large_batch_optimizers_bench", PATH)
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench  # its dataclasses look their module up
-spec.loader.exec_module(bench)
+from benchmarks import large_batch_optimizers as bench
 
 
 def _args(**overrides):

@@ -8,28 +8,15 @@ above it), SGD with linear scaling at least 5 points below, and NLCG the best
 recipe at the extreme batch (2,000, half the training set). `make test-slow`.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-PATH = Path(__file__).parents[2] / "benchmarks" / "large_batch_optimizers.py"
+from benchmarks import large_batch_optimizers as bench
 
 pytestmark = pytest.mark.slow
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("large_batch_quality_bench", PATH)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_the_headline_claims_hold_over_three_seeds():
     pytest.importorskip("mnist1d")
-    bench = _bench()
     args = bench.parse_args(["--seeds", "3", "--multipliers", "1,32,extreme"])
     data = bench.load_mnist1d(args.num_samples)
     size = len(data[0][0])

@@ -1,15 +1,13 @@
 """The table and plot helpers of benchmarks/pipeline.py, on its saved run (fast)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).parents[2] / "benchmarks" / "pipeline.py"
-spec = importlib.util.spec_from_file_location("pipeline_benchmark", PATH)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from benchmarks import pipeline as bench
+
+PATH = Path(bench.__file__)
 
 
 def _saved():

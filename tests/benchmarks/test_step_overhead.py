@@ -1,26 +1,12 @@
 """The pure helpers of benchmarks/step_overhead.py and its arm (fast, no training)."""
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
-
-
-def _load(name, filename):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / filename)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("step_overhead_bench", "step_overhead.py")
-arm = _load("step_overhead_arm_bench", "_step_overhead_arm.py")
-report = _load("step_overhead_report_bench", "_step_overhead_report.py")
+from benchmarks import _step_overhead_arm as arm
+from benchmarks import _step_overhead_report as report
+from benchmarks import step_overhead as bench
 
 
 def _round(step, first):

@@ -1,25 +1,11 @@
 """The pure helpers of benchmarks/weight_update_sharding.py and its worker (fast)."""
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
-
-
-def _load(name, filename):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / filename)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("weight_update_sharding_bench", "weight_update_sharding.py")
-worker = _load("sharding_worker_bench", "_sharding_worker.py")
+from benchmarks import _sharding_worker as worker
+from benchmarks import weight_update_sharding as bench
 
 
 def _result(apply_s, sgd_apply_s, step_s, state_bytes):

@@ -1,4 +1,4 @@
-"""4 worker processes on 2 simulated machines (issue 37; `tests/_cluster`).
+"""4 worker processes on 2 simulated machines (issue 37; `simulated_cluster`).
 
 The machines are network namespaces joined by a bridge (each with its own
 `/dev/shm`), the workers listed h1, h2, h1, h2 in `TF_CONFIG`, as schedulers may
@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests import _cluster as simulated
+import simulated_cluster as simulated
 
 pytestmark = pytest.mark.timeout(300)
 

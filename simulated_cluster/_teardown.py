@@ -17,8 +17,8 @@ import re
 import subprocess
 from collections.abc import Sequence
 
-from tests._cluster import _names, _processes
-from tests._cluster._tools import run_tool
+from simulated_cluster import _names, _processes
+from simulated_cluster._tools import run_tool
 
 STALE_GRACE_SECONDS = 0.5
 

@@ -35,8 +35,8 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-from tests._cluster import _names, _teardown
-from tests._cluster._tools import run_tool
+from simulated_cluster import _names, _teardown
+from simulated_cluster._tools import run_tool
 
 NETWORK = "198.18.0.0/24"
 MAX_HOSTS = 254

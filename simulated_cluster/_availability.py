@@ -12,8 +12,8 @@ import os
 import shutil
 import sys
 
-from tests._cluster._tools import TOOLS
-from tests._cluster.simulated import SimulatedCluster
+from simulated_cluster._tools import TOOLS
+from simulated_cluster.simulated import SimulatedCluster
 
 
 def unavailable_reason() -> str | None:

@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from tests._cluster import (
+from simulated_cluster import (
     SimulatedCluster,
     _availability,
     _names,
@@ -97,7 +97,7 @@ IGNORES_SIGTERM = """
 # Builds a cluster, starts a process on it, and waits for stdin to close.
 OWNER = """
     import sys
-    from tests._cluster import SimulatedCluster
+    from simulated_cluster import SimulatedCluster
     cluster = SimulatedCluster(hosts=2)
     sleeper = cluster.popen(0, ["sleep", "60"])
     print(cluster.prefix, sleeper.pid, flush=True)
