@@ -36,7 +36,7 @@ from, so under our strategies a resumed run goes on mid-epoch exactly like a
 preempted one (below); under a stock strategy it restarts the interrupted epoch
 from mid-epoch weights, as stock Keras does (with a warning).
 
-Preemption (issue 38, `keras_replicator._preemption`): while `fit` runs, SIGTERM
+Preemption (issue 38, `keras_replicator._worker.preemption`): while `fit` runs, SIGTERM
 (or `preemption_signals`) on any worker stops every worker after the same step,
 which is backed up with the batch to resume from (`resume_batch` in the
 metadata); the next start resumes there, mid-epoch, under our strategies: Keras'
@@ -58,7 +58,7 @@ import warnings
 
 import keras
 
-from keras_replicator import _compat, _preemption
+from keras_replicator import _compat
 from keras_replicator._files.atomic_publish import TEMP_MARKER, write_atomically
 from keras_replicator._files.backup_fields import check_fields, damaged_message
 from keras_replicator._files.backup_files import (
@@ -75,6 +75,7 @@ from keras_replicator._files.backup_metrics import metric_state, restore_metric_
 from keras_replicator._files.backup_removal import remove_finished_backup
 from keras_replicator._files.worker_files import is_chief, save_for_worker
 from keras_replicator._replicator_state import replicator_state
+from keras_replicator._worker import preemption as _preemption
 
 __all__ = [
     "METADATA_FILE",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from keras_replicator._environment import DATA_SERVICE
 from keras_replicator.launch import LaunchOptions
 from keras_replicator.launch._launcher import launch_with_options
 from keras_replicator.launch._options import (
@@ -111,7 +112,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="also start a tf.data service dispatcher and N service workers on "
-        "127.0.0.1; the workers get its address as KERAS_REPLICATOR_DATA_SERVICE "
+        f"127.0.0.1; the workers get its address as {DATA_SERVICE} "
         "(default 0)",
     )
     parser.add_argument(

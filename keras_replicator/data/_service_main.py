@@ -26,7 +26,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from keras_replicator._watchdog import exit_with_launcher  # noqa: E402
+from keras_replicator._worker.watchdog import exit_with_launcher  # noqa: E402
 from keras_replicator.data.service import LOOPBACK  # noqa: E402
 
 

@@ -61,9 +61,10 @@ import os
 
 import tensorflow as tf
 
+from keras_replicator import _environment
 from keras_replicator._arguments import check_int
 
-SERVICE_ENV = "KERAS_REPLICATOR_DATA_SERVICE"
+SERVICE_ENV = _environment.DATA_SERVICE
 PROCESSING_MODES = ("distributed_epoch", "parallel_epochs")
 LOOPBACK = "127.0.0.1"
 

@@ -7,7 +7,7 @@ single-run supervisor both build on. `exit_with_launcher()` is for the worker
 side: a task that serves until stopped calls it to end with its launcher.
 """
 
-from keras_replicator._watchdog import exit_with_launcher
+from keras_replicator._worker.watchdog import exit_with_launcher
 from keras_replicator.launch._function import LaunchError, launch_function
 from keras_replicator.launch._launcher import launch
 from keras_replicator.launch._options import LaunchOptions

@@ -37,6 +37,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from keras_replicator import _environment
 from keras_replicator._tf_config import (
     format_address,
     num_tasks,
@@ -55,7 +56,7 @@ from keras_replicator.launch._ports import free_ports, port_in_use
 from keras_replicator.launch._runner import WorkerSpec, tf_configs
 
 _TRAINING_TASKS = ("chief", "worker")
-DATA_SERVICE_ENV = "KERAS_REPLICATOR_DATA_SERVICE"  # = keras_replicator.data.service
+DATA_SERVICE_ENV = _environment.DATA_SERVICE
 _LOOPBACK = "127.0.0.1"
 _SLURM_VARIABLES = (
     "SLURM_PROCID",
@@ -279,8 +280,8 @@ def _plan_local_ps(options: LaunchOptions) -> ClusterPlan:
             index=config["task"]["index"],
             tf_config=json.dumps(config),
             env={
-                "KERAS_REPLICATOR_TASK_TYPE": config["task"]["type"],
-                "KERAS_REPLICATOR_NUM_WORKERS": str(options.num_workers),
+                _environment.TASK_TYPE: config["task"]["type"],
+                _environment.NUM_WORKERS: str(options.num_workers),
             },
             label=(
                 "chief"
@@ -342,8 +343,8 @@ def _plan_task(mode, config, raw_tf_config, options, extra_env) -> ClusterPlan:
 
 def _worker_env(rank: int, count: int) -> dict[str, str]:
     return {
-        "KERAS_REPLICATOR_WORKER_INDEX": str(rank),
-        "KERAS_REPLICATOR_NUM_WORKERS": str(count),
+        _environment.WORKER_INDEX: str(rank),
+        _environment.NUM_WORKERS: str(count),
     }
 
 

@@ -16,6 +16,7 @@ import os
 import pickle
 import sys
 
+from keras_replicator._environment import WORKER_INDEX
 from keras_replicator.launch._function import (
     ARGUMENTS_FILE,
     PAYLOAD_FILE,
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
             f"be picklable to reach the launcher. Received: {type(value).__name__} "
             f"({error}). Return plain data, e.g. `history.history`."
         ) from None
-    index = os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0")
+    index = os.environ.get(WORKER_INDEX, "0")
     final = result_path(workdir, int(index))
     with open(final + ".tmp", "wb") as file:
         file.write(data)

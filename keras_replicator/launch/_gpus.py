@@ -46,7 +46,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from keras_replicator._worker_env import SHARED_GPUS_ENV
+from keras_replicator._environment import SHARED_GPUS
 from keras_replicator.launch._bounded_run import run_bounded
 from keras_replicator.launch._runner import WorkerSpec
 
@@ -178,7 +178,7 @@ def assign_gpus(
         slices = [gpus.ids[i % count] for i in range(num_workers)]
         if GROWTH_ENV not in environ:
             extra[GROWTH_ENV] = "true"
-        extra[SHARED_GPUS_ENV] = "1"  # no NCCL: two ranks on one GPU
+        extra[SHARED_GPUS] = "1"  # no NCCL: two ranks on one GPU
         note = (
             f"{num_workers} workers share {count} GPU(s) ({gpus.describe()}), "
             f"worker i on GPU i % {count}, memory growing on demand "

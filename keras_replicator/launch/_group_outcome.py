@@ -1,12 +1,14 @@
 """What a stopped group's result says: who failed, whether a stop was cut short.
 
-The launcher (`_launcher.py`) decides from a `LaunchResult` whether the next
-group is a restart (counted in `max_restarts`) or a resize (not counted), and
-says why in a note. A resize stops the workers with SIGTERM, which
-`BackupAndRestore` turns into a backup at a step every worker agrees on; a
-worker still running when `resize_grace_seconds` ran out was SIGKILLed, maybe in
-the middle of that backup. Such a resize counts as a restart: otherwise a
-discovery hook whose answer flaps could cut every backup and loop without end.
+The launcher's `RestartPolicy` (`_policy.py`) decides from a `LaunchResult`
+whether the next group is a restart (counted in `max_restarts`) or a resize (not
+counted), asking the two questions here; `_launcher.py` says why in a note.
+
+A resize stops the workers with SIGTERM, which `BackupAndRestore` turns into a
+backup at a step every worker agrees on; a worker still running when
+`resize_grace_seconds` ran out was SIGKILLed, maybe in the middle of that
+backup. Such a resize counts as a restart: otherwise a discovery hook whose
+answer flaps could cut every backup and loop without end.
 """
 
 from __future__ import annotations

@@ -8,17 +8,13 @@ the last `keras_replicator.callbacks.BackupAndRestore` backup. Each worker sees
 `KERAS_REPLICATOR_RESTART_COUNT` (0 on the first run), like torchrun's
 `TORCHELASTIC_RESTART_COUNT`.
 
-A run whose workers all exited 0 after a preemption backup (each tells the
-launcher so through the file `KERAS_REPLICATOR_PREEMPTED_FILE` names) is not
-done: it is started again like a failed one (counted in `max_restarts`), or,
-without restarts left, reported as `LaunchResult.preempted`. With `discover`
-(and `min_workers`) the launch is elastic: the group shrinks after a failure and
-is resized on purpose when the slots change (`_elastic.py`).
-
-A run that failed because TensorFlow could not bind a port the launcher chose
-(another process took it in between: "Could not start gRPC server") is started
-again on fresh ports, up to `PORT_RETRIES` times, without counting as a restart;
-the failure message names the task, the port and its `TF_CONFIG` field.
+Whether a stopped group is done, restarted or resized is the `RestartPolicy`'s
+decision (`_policy.py`: failures and preemptions count in `max_restarts`, a lost
+port is retried on fresh ports up to `PORT_RETRIES` times without counting, an
+elastic resize does not count unless cut short); `_supervise` carries it out.
+A worker tells the launcher it stopped for a preemption through the file
+`KERAS_REPLICATOR_PREEMPTED_FILE` names; with `discover` (and `min_workers`) the
+launch is elastic (`_elastic.py`).
 
 Restarts are only offered in `local` mode: in `tf-config` / `slurm` mode this
 launcher runs one task of a group that spans machines, so restarting it alone
@@ -36,29 +32,26 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from keras_replicator._worker_env import PREEMPTED_FILE_ENV, SLOT_ENV
+from keras_replicator._environment import PREEMPTED_FILE, RESTART_COUNT, SLOT
 from keras_replicator.launch._cluster import ClusterPlan, plan_cluster
 from keras_replicator.launch._elastic import Discovery, resize_wanted, workers_for
-from keras_replicator.launch._group_outcome import (
-    CUT_SHORT,
-    failed_on_its_own,
-    killed_at_the_end,
-    restart_note,
-)
+from keras_replicator.launch._group_outcome import CUT_SHORT, restart_note
 from keras_replicator.launch._options import (
     REMOTE_WARNING,
     LaunchOptions,
     check_command,
 )
 from keras_replicator.launch._output import note
+from keras_replicator.launch._policy import (
+    PORT_RETRIES,
+    Action,
+    Counters,
+    Reason,
+    RestartPolicy,
+)
 from keras_replicator.launch._ps_runner import run_ps_group
 from keras_replicator.launch._results import LaunchResult
 from keras_replicator.launch._runner import run_group
-
-RESTART_COUNT_ENV = "KERAS_REPLICATOR_RESTART_COUNT"
-# Runs started again on fresh ports when TF could not bind a port the launcher
-# chose (another process took it in between); not counted as restarts.
-PORT_RETRIES = 2
 
 
 def launch(
@@ -243,10 +236,20 @@ def launch_with_options(command: Sequence[str], options: LaunchOptions) -> Launc
 
 
 def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResult:
-    """Runs the group, again after failures, preemptions and resizes."""
+    """Runs the group, again after failures, preemptions and resizes.
+
+    Each stopped group's result goes to the `RestartPolicy`; this loop only
+    carries out its decision (`_policy.py` says which rule gives which).
+    """
     started = time.monotonic()
+    ports_are_ours = plan.mode == "local" and options.ports is None
+    policy = RestartPolicy(
+        options.max_restarts,
+        port_retries=PORT_RETRIES if ports_are_ours else 0,
+        deadline=deadline,
+    )
+    counters = Counters()
     earlier: list[LaunchResult] = []
-    attempt = port_retries = resizes = 0
     size, slots = options.num_workers, ()
     if discovery is not None:
         slots = discovery.wait_for(options.fewest_workers, deadline)
@@ -256,69 +259,36 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
         plan = _plan(options, size, plan)
         discovery.start()
     while True:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0 and earlier:
+        if earlier and policy.deadline_passed():
             # The deadline passed while the last group stopped: start no other.
             result = LaunchResult(workers=(), timed_out=True, seconds=0.0)
             break
-        remaining = None if remaining is None else max(remaining, 0.0)
-        run = len(earlier)
-        specs = [
-            dataclasses.replace(
-                spec,
-                env={
-                    **spec.env,
-                    RESTART_COUNT_ENV: str(attempt),
-                    PREEMPTED_FILE_ENV: os.path.join(marks, f"{run}-{spec.index}"),
-                    **({SLOT_ENV: slots[spec.index]} if slots else {}),
-                },
-            )
-            for spec in plan.specs
-        ]
-        runner_options: dict[str, Any] = dict(
-            timeout=remaining,
-            env=options.env,
-            cwd=options.cwd,
-            echo=options.echo,
-            grace_seconds=options.grace_seconds,
+        result = _run_once(
+            command,
+            options,
+            plan,
+            discovery,
+            slots,
+            size,
+            marks,
+            run=len(earlier),
+            restarts=counters.restarts,
+            timeout=policy.seconds_left(),
         )
-        if options.num_ps:
-            result = run_ps_group(
-                command, specs, max_rejoins=options.max_restarts, **runner_options
-            )
-        else:
-            result = run_group(
-                command,
-                specs,
-                services=plan.services,
-                stop_when=_resize_wanted(discovery, slots[:size], options),
-                stop_when_grace=options.resize_grace_seconds,
-                **runner_options,
-            )
-        if (
-            not result.ok
-            and not result.timed_out
-            and not result.interrupted
-            and result.lost_port is not None
-            and plan.mode == "local"
-            and options.ports is None
-            and port_retries < PORT_RETRIES
-        ):
-            port_retries += 1
-            earlier.append(result)
+        decision = policy.decide(result, counters)
+        if decision.action is Action.DONE:
+            if decision.reason is Reason.CUT_SHORT and options.echo:
+                _note(
+                    f"{CUT_SHORT}, and none is left (max_restarts={counters.restarts})."
+                )
+            break
+        earlier.append(result)
+        if decision.reason is Reason.LOST_PORT:
+            counters = counters.after(decision)
             if options.echo:
                 _note(f"{result.headline()}. Starting again on fresh ports.")
             plan = _plan(options, size, plan)
             continue
-        if result.timed_out or (result.ok and not result.preempted):
-            break
-        resized = result.interrupted and not failed_on_its_own(result)
-        cut = resized and killed_at_the_end(result)  # maybe mid-backup
-        if (cut or not resized) and attempt >= options.max_restarts:
-            if cut and options.echo:
-                _note(f"{CUT_SHORT}, and none is left (max_restarts={attempt}).")
-            break
-        earlier.append(result)
         before = size
         if discovery is not None:
             waiting = time.monotonic()
@@ -328,18 +298,66 @@ def _supervise(command, options, plan, discovery, deadline, marks) -> LaunchResu
                 break
             slots = fresh
             size = workers_for(slots, options.num_workers)
-        if resized and not cut:
-            resizes += 1
-            why = "the slots changed"
-        else:
-            attempt += 1
-            why = f"restart {attempt} of {options.max_restarts}"
+        counters = counters.after(decision)
         if options.echo:
-            _note(restart_note(result, before, size, why, resized, cut))
+            _note(_restart_note(result, before, size, decision, counters, options))
         plan = _plan(options, size, plan)  # fresh ports: the old ones may linger
     return dataclasses.replace(
-        result, restarts=attempt, previous=tuple(earlier), resizes=resizes
+        result,
+        restarts=counters.restarts,
+        previous=tuple(earlier),
+        resizes=counters.resizes,
     )
+
+
+def _run_once(
+    command, options, plan, discovery, slots, size, marks, *, run, restarts, timeout
+) -> LaunchResult:
+    """One run of the group: its workers' environment, then the group's runner.
+
+    `slots` are the ones discovery listed (empty without it), the first `size` run.
+    """
+    specs = [
+        dataclasses.replace(
+            spec,
+            env={
+                **spec.env,
+                RESTART_COUNT: str(restarts),
+                PREEMPTED_FILE: os.path.join(marks, f"{run}-{spec.index}"),
+                **({SLOT: slots[spec.index]} if slots else {}),
+            },
+        )
+        for spec in plan.specs
+    ]
+    runner_options: dict[str, Any] = dict(
+        timeout=timeout,
+        env=options.env,
+        cwd=options.cwd,
+        echo=options.echo,
+        grace_seconds=options.grace_seconds,
+    )
+    if options.num_ps:
+        return run_ps_group(
+            command, specs, max_rejoins=options.max_restarts, **runner_options
+        )
+    return run_group(
+        command,
+        specs,
+        services=plan.services,
+        stop_when=_resize_wanted(discovery, slots[:size], options),
+        stop_when_grace=options.resize_grace_seconds,
+        **runner_options,
+    )
+
+
+def _restart_note(result, before, size, decision, counters, options) -> str:
+    """The note before the next group (counters already counting it)."""
+    if decision.action is Action.RESIZE:
+        why = "the slots changed"
+    else:
+        why = f"restart {counters.restarts} of {options.max_restarts}"
+    cut = decision.reason is Reason.CUT_SHORT
+    return restart_note(result, before, size, why, decision.resized, cut)
 
 
 def _plan(options: LaunchOptions, size: int | None, before: ClusterPlan) -> ClusterPlan:

@@ -12,29 +12,20 @@ serves and blocks). So the rules differ from `run_group`'s:
 - A parameter server that dies is not restarted (the variables died with it): the
   chief fails with a clear error within the coordinator's failure detection, or
   the launcher stops the job after `ps_failure_grace` seconds.
-- Signals, output, the reaper and the stop routine are `run_group`'s
-  (`_runner.py`): serving tasks never outlive the launcher.
+- Starting, output, signals, the reaper and the stop routine are the one
+  supervisor's (`_supervisor.py`, as for `run_group`): serving tasks never
+  outlive the launcher. These rules are `_ParameterServerJob`.
 """
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Mapping, Sequence
 
-from keras_replicator.launch._output import Echo, note
-from keras_replicator.launch._reaper import REAPER
-from keras_replicator.launch._results import LaunchResult, WorkerResult
-from keras_replicator.launch._runner import (
-    _TAIL_LINES,
-    WorkerSpec,
-    _read,
-    _start,
-    _stop,
-)
-from keras_replicator.launch._signals import signals_deferred
+from keras_replicator.launch._output import note
+from keras_replicator.launch._results import LaunchResult
+from keras_replicator.launch._supervisor import RunningGroup, WorkerSpec, supervise
 
-_POLL_SECONDS = 0.05
 _REJOIN_DELAY_SECONDS = 1.0
 
 
@@ -51,98 +42,77 @@ def run_ps_group(
     ps_failure_grace: float = 180.0,
 ) -> LaunchResult:
     """Runs one PS job (specs labelled `chief`, `worker i`, `ps i`) to the end."""
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    kinds = [(spec.label or "").split(" ")[0] for spec in specs]
-    chief = kinds.index("chief")
-    processes = []
-    tails = [collections.deque(maxlen=_TAIL_LINES) for _ in specs]
-    exits: list[float | None] = [None] * len(specs)
-    rejoins = [0] * len(specs)
-    readers = []
-    output = Echo(echo)
-    timed_out = False
-    ps_died_at = None
-
-    def start(position):
-        with signals_deferred():
-            process = _start(command, specs[position], env, cwd, grace_seconds)
-            if position < len(processes):
-                REAPER.forget(processes[position].pid)  # exited and reaped
-                processes[position] = process
-            else:
-                processes.append(process)
-            readers.append(
-                _read(process, specs[position].prefix, tails[position], output)
-            )
-
-    try:
-        for position in range(len(specs)):
-            start(position)
-        while True:
-            with signals_deferred():  # never inside `poll()` (see `_signals.py`)
-                now = time.monotonic()
-                if processes[chief].poll() is not None:
-                    exits[chief] = now - started
-                    break
-                for position, process in enumerate(processes):
-                    if position == chief or process.poll() is None:
-                        continue
-                    if kinds[position] == "worker" and rejoins[position] < max_rejoins:
-                        rejoins[position] += 1
-                        _note(
-                            echo,
-                            f"{specs[position].label} exited with code "
-                            f"{process.returncode}; restarting it to rejoin the job "
-                            f"({rejoins[position]} of {max_rejoins}).",
-                        )
-                        time.sleep(_REJOIN_DELAY_SECONDS)
-                        start(position)
-                        continue
-                    if exits[position] is None:
-                        exits[position] = now - started
-                        if kinds[position] == "ps":
-                            ps_died_at = now
-                            _note(
-                                echo,
-                                f"{specs[position].label} exited with code "
-                                f"{process.returncode}; the chief will fail (its "
-                                "variables are gone).",
-                            )
-                if ps_died_at is not None and now - ps_died_at > ps_failure_grace:
-                    break
-                if deadline is not None and now > deadline:
-                    timed_out = True
-                    break
-            time.sleep(_POLL_SECONDS)
-    finally:
-        stopped = _stop(processes, grace_seconds)
-        now = time.monotonic() - started
-        for position in range(len(processes)):
-            if exits[position] is None:
-                exits[position] = now
-        for reader in readers:
-            reader.join(timeout=5)
-    return LaunchResult(
-        workers=tuple(
-            WorkerResult(
-                spec.index,
-                process.returncode,
-                "".join(tails[position]),
-                seconds=exits[position],
-                stopped=position in stopped,
-                label=spec.label,
-                address=spec.address,
-            )
-            for position, (spec, process) in enumerate(zip(specs, processes))
-        ),
-        timed_out=timed_out,
-        seconds=time.monotonic() - started,
-        job_index=chief,
-        rejoins=sum(rejoins),
+    rules = _ParameterServerJob(specs, max_rejoins, ps_failure_grace, echo)
+    return supervise(
+        command,
+        specs,
+        rules,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        echo=echo,
+        grace_seconds=grace_seconds,
     )
 
 
-def _note(echo, message):
-    if echo:
-        note(message)
+class _ParameterServerJob:
+    """`run_ps_group`'s rules: the chief's exit ends the job, workers rejoin."""
+
+    stop_grace: float | None = None  # never stopped early: no resize
+
+    def __init__(self, specs, max_rejoins: int, ps_failure_grace: float, echo):
+        self.kinds = [(spec.label or "").split(" ")[0] for spec in specs]
+        self.chief = self.kinds.index("chief")
+        self.rejoins = [0] * len(specs)
+        self.max_rejoins = max_rejoins
+        self.ps_failure_grace = ps_failure_grace
+        self.echo = echo
+        self.ps_died_at: float | None = None
+
+    def ended(self, group: RunningGroup, now: float) -> bool:
+        processes = group.processes
+        if processes[self.chief].poll() is not None:
+            group.exits[self.chief] = now - group.started
+            return True
+        for position, process in enumerate(processes):
+            if position == self.chief or process.poll() is None:
+                continue
+            kind, label = self.kinds[position], group.specs[position].label
+            if kind == "worker" and self.rejoins[position] < self.max_rejoins:
+                self.rejoins[position] += 1
+                self._note(
+                    f"{label} exited with code {process.returncode}; restarting it "
+                    f"to rejoin the job ({self.rejoins[position]} of "
+                    f"{self.max_rejoins})."
+                )
+                time.sleep(_REJOIN_DELAY_SECONDS)
+                group.start(position)
+                continue
+            if group.exits[position] is None:
+                group.exits[position] = now - group.started
+                if kind == "ps":
+                    self.ps_died_at = now
+                    self._note(
+                        f"{label} exited with code {process.returncode}; the chief "
+                        "will fail (its variables are gone)."
+                    )
+        died = self.ps_died_at
+        return died is not None and now - died > self.ps_failure_grace
+
+    def interrupts(self, group: RunningGroup) -> bool:
+        return False
+
+    def result(
+        self, group: RunningGroup, stopped: set[int], timed_out: bool, interrupted: bool
+    ) -> LaunchResult:
+        return LaunchResult(
+            workers=group.results(stopped, labelled=lambda position: True),
+            timed_out=timed_out,
+            seconds=time.monotonic() - group.started,
+            job_index=self.chief,
+            rejoins=sum(self.rejoins),
+        )
+
+    def _note(self, message: str) -> None:
+        if self.echo:
+            note(message)

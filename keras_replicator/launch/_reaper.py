@@ -18,7 +18,7 @@ grace period to what remains. When the launcher exits normally, every group has
 been unregistered and the reaper just exits.
 
 This arms the watchdog from the launcher's side, for any worker program (not only
-Python). `_watchdog.exit_with_launcher()` is the worker-side complement for tasks
+Python). `_worker.watchdog.exit_with_launcher()` is the worker-side complement for tasks
 that must not outlive their launcher even when the reaper is killed with it.
 
 The file runs as a plain script (its own path, `-I`), so it imports nothing but

@@ -21,7 +21,7 @@ import time
 
 import tensorflow as tf
 
-from keras_replicator._watchdog import exit_with_launcher
+from keras_replicator._worker.watchdog import exit_with_launcher
 
 SERVING_TASKS = ("worker", "ps")
 

@@ -9,6 +9,7 @@ import warnings
 import tensorflow as tf
 
 from keras_replicator import _slurm_gpus, _tf_config
+from keras_replicator._environment import NUM_REPLICAS
 from keras_replicator.strategies import _cluster_config, _devices
 from keras_replicator.strategies.multi_device import MultiDeviceReplicator
 from keras_replicator.strategies.multi_worker import MultiWorkerReplicator
@@ -72,12 +73,12 @@ def auto(num_replicas: int | None = None, *, verbose: bool = True):
     >>> import keras_replicator as kr
     >>> strategy = kr.auto(num_replicas=2, verbose=False)
     """
-    if num_replicas is None and os.environ.get("KERAS_REPLICATOR_NUM_REPLICAS"):
-        raw = os.environ["KERAS_REPLICATOR_NUM_REPLICAS"]
+    if num_replicas is None and os.environ.get(NUM_REPLICAS):
+        raw = os.environ[NUM_REPLICAS]
         if not raw.isdigit():
             raise ValueError(
-                "`KERAS_REPLICATOR_NUM_REPLICAS` must be a positive integer. "
-                f"Received: KERAS_REPLICATOR_NUM_REPLICAS={raw!r}."
+                f"`{NUM_REPLICAS}` must be a positive integer. "
+                f"Received: {NUM_REPLICAS}={raw!r}."
             )
         num_replicas = int(raw)
     _devices.validate_num_replicas(num_replicas)

@@ -31,7 +31,9 @@ import warnings
 
 import tensorflow as tf
 
-GPU_MEMORY_ENV = "KERAS_REPLICATOR_GPU_MEMORY_MB"
+from keras_replicator import _environment
+
+GPU_MEMORY_ENV = _environment.GPU_MEMORY_MB
 # Used when neither the environment nor nvidia-smi gives a size (see above).
 FALLBACK_GPU_MEMORY_MB = 1024
 # Share of the smallest GPU's free memory given to its logical GPUs together.

@@ -37,7 +37,7 @@ import os
 import tensorflow as tf
 
 from keras_replicator import _compat, _platform, _tf_config
-from keras_replicator._worker_env import SHARED_GPUS_ENV
+from keras_replicator._environment import COLLECTIVE_TIMEOUT, SHARED_GPUS
 from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
 from keras_replicator.communication.ring import _socket_ring
@@ -49,15 +49,15 @@ DEFAULT_COLLECTIVE_TIMEOUT = 60.0
 
 def _asked_timeout() -> float | None:
     """`KERAS_REPLICATOR_COLLECTIVE_TIMEOUT`, or None if unset."""
-    raw = os.environ.get("KERAS_REPLICATOR_COLLECTIVE_TIMEOUT")
+    raw = os.environ.get(COLLECTIVE_TIMEOUT)
     if raw is None:
         return None
     try:
         return float(raw)
     except ValueError:
         raise ValueError(
-            "`KERAS_REPLICATOR_COLLECTIVE_TIMEOUT` must be a number of seconds. "
-            f"Received: KERAS_REPLICATOR_COLLECTIVE_TIMEOUT={raw!r}."
+            f"`{COLLECTIVE_TIMEOUT}` must be a number of seconds. "
+            f"Received: {COLLECTIVE_TIMEOUT}={raw!r}."
         ) from None
 
 
@@ -220,7 +220,7 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
             communication_options,
             collective_timeout,
             platform,
-            nccl=_platform.runs_nccl(platform) and not os.environ.get(SHARED_GPUS_ENV),
+            nccl=_platform.runs_nccl(platform) and not os.environ.get(SHARED_GPUS),
         )
         nccl = parent_options.implementation.value == "NCCL"
         _compression.check_wire_format(options.compression, platform, nccl=nccl)

@@ -13,6 +13,8 @@ import os
 import sys
 import traceback
 
+from keras_replicator._environment import VERBOSE, WORKER_INDEX
+
 RESULT_PREFIX = "KR_RESULT "
 
 
@@ -47,7 +49,7 @@ def prepare_devices(factory) -> str | None:
         )
     if factory.num_workers > 1:
         share = len(gpus) // factory.num_workers
-        index = int(os.environ.get("KERAS_REPLICATOR_WORKER_INDEX", "0"))
+        index = int(os.environ.get(WORKER_INDEX, "0"))
         tf.config.set_visible_devices(gpus[index * share : (index + 1) * share], "GPU")
     return None
 
@@ -75,7 +77,7 @@ def run_checks_here(factory, check_names):
         except Exception as error:  # noqa: BLE001 - every failure becomes a row
             first_line = (str(error).strip().splitlines() or [""])[0][:300]
             detail = f"{type(error).__name__}: {first_line}"
-            if os.environ.get("KERAS_REPLICATOR_VERBOSE"):
+            if os.environ.get(VERBOSE):
                 traceback.print_exc()
             results.append(CheckResult(name, False, detail))
     return results

@@ -170,7 +170,7 @@ def test_between_workers_a_steps_agreement_is_read_after_the_next_step():
     # step (the read would wait for it), only after the next one or at the epoch end.
     import tensorflow as tf
 
-    from keras_replicator import _preemption
+    from keras_replicator._worker import preemption as _preemption
 
     class Model:  # what the agreement is keyed by; any object will do here
         pass
@@ -201,7 +201,7 @@ def test_any_agreed_flag_but_zero_stops(agreed):
     number hid another worker's signal."""
     import tensorflow as tf
 
-    from keras_replicator import _preemption
+    from keras_replicator._worker import preemption as _preemption
 
     class Model:
         pass

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.multi_worker
 _COUNTING = PRELUDE + textwrap.dedent(
     """
     import traceback
-    from keras_replicator import _preemption
+    from keras_replicator._worker import preemption as _preemption
     from keras_replicator._replicator_state import replicator_state
 
     signals = None if sys.argv[1] == "none" else ("SIGTERM",)

@@ -256,7 +256,7 @@ def test_a_second_keyboard_interrupt_kills_at_once_instead_of_orphaning(tmp_path
 # to put the signal at that point every time (it hung 1 of ~400 stress launches).
 _SIGNAL_INSIDE_POLL = """
 import os, signal, sys, threading
-from keras_replicator.launch import _runner
+from keras_replicator.launch import _runner, _supervisor
 from keras_replicator.launch._signals import StopSignal, stop_on_signals
 
 SIGNAL = signal.SIGTERM
@@ -277,14 +277,14 @@ class SignalAfterAcquire:
     def __exit__(self, *exc):
         self.release()
 
-start = _runner._start
+start = _supervisor._start
 def start_with_a_signalling_lock(*args, **kwargs):
     process = start(*args, **kwargs)
     assert hasattr(process, "_waitpid_lock"), "CPython's Popen changed"
     process._waitpid_lock = SignalAfterAcquire()
     process._waitpid_lock.armed = True
     return process
-_runner._start = start_with_a_signalling_lock
+_supervisor._start = start_with_a_signalling_lock
 
 def run():
     _runner.run_group(

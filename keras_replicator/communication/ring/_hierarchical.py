@@ -42,6 +42,7 @@ import threading
 
 import numpy as np
 
+from keras_replicator import _environment
 from keras_replicator.communication import _division
 from keras_replicator.communication.ring import _frames
 
@@ -310,7 +311,7 @@ def _copy_range(flats, lo, hi, rows, into_rows: bool) -> None:
             rows[row + 1 :] = 0
 
 
-ENVIRONMENT_VARIABLE = "KERAS_REPLICATOR_RING_HIERARCHY"
+ENVIRONMENT_VARIABLE = _environment.RING_HIERARCHY
 
 
 def enabled() -> bool:

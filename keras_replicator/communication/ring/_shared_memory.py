@@ -53,6 +53,7 @@ import warnings
 
 import numpy as np
 
+from keras_replicator import _environment
 from keras_replicator.communication.ring import (
     _frames,
     _handover,
@@ -61,7 +62,7 @@ from keras_replicator.communication.ring import (
     _passes,
 )
 
-ENVIRONMENT_VARIABLE = "KERAS_REPLICATOR_RING_SHARED_MEMORY"
+ENVIRONMENT_VARIABLE = _environment.RING_SHARED_MEMORY
 _NOTE = struct.Struct("!4sQQ")  # magic (shared, grown or inline), step, bytes
 _ACK = struct.Struct("!4sQ")  # magic, step
 _ACK_MAGIC = b"KRa1"

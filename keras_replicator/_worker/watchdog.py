@@ -2,7 +2,7 @@
 
 Serving tasks of a parameter-server job (`worker`, `ps`) block until someone
 stops them; if their launcher is SIGKILLed they would serve forever, listening on
-all interfaces. The launcher's reaper (`_reaper.py`) stops them from outside;
+all interfaces. The launcher's reaper (`launch/_reaper.py`) stops them from outside;
 this watchdog is the inside half, for when the reaper died too (a
 `kill -9 -- -PGID` of the launcher's group, a container runtime killing
 everything but the workers' sessions).
@@ -32,7 +32,8 @@ import sys
 import threading
 import time
 
-LAUNCHER_PID_ENV = "KERAS_REPLICATOR_LAUNCHER_PID"
+from keras_replicator._environment import LAUNCHER_PID
+
 EXIT_ORPHANED = 3
 
 
@@ -62,7 +63,7 @@ def exit_with_launcher(
     False
     """
     environ = os.environ if environ is None else environ
-    raw = environ.get(LAUNCHER_PID_ENV, "")
+    raw = environ.get(LAUNCHER_PID, "")
     if not raw.isascii() or not raw.isdigit() or int(raw) <= 1:
         return False
     launcher = int(raw)

@@ -49,8 +49,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from keras_replicator._environment import PREEMPTED_FILE
 from keras_replicator._replicator_state import replicator_state
-from keras_replicator._worker_env import PREEMPTED_FILE_ENV
 
 __all__ = [
     "Preemption",
@@ -244,7 +244,7 @@ def mark_preempted(where: str) -> None:
     Example:
     >>> mark_preempted("epoch 0, after batch 1")  # no launcher: nothing to tell
     """
-    path = os.environ.get(PREEMPTED_FILE_ENV)
+    path = os.environ.get(PREEMPTED_FILE)
     if not path:
         return
     try:
@@ -253,7 +253,7 @@ def mark_preempted(where: str) -> None:
     except OSError as error:
         print(
             f"keras_replicator: could not tell the launcher about the preemption "
-            f"({PREEMPTED_FILE_ENV}={path!r}): {error}",
+            f"({PREEMPTED_FILE}={path!r}): {error}",
             flush=True,
         )
 

@@ -6,12 +6,13 @@ import subprocess
 import sys
 import time
 
-from keras_replicator import _watchdog
+from keras_replicator._environment import LAUNCHER_PID
+from keras_replicator._worker import watchdog
 
 # A serving task as `_ps_serving` runs one: exits 0 on SIGTERM, else sleeps forever.
 TASK = (
     "import os, signal, sys, time\n"
-    "from keras_replicator._watchdog import exit_with_launcher\n"
+    "from keras_replicator._worker.watchdog import exit_with_launcher\n"
     "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
     "assert exit_with_launcher(poll_seconds=0.1)\n"
     "print(os.getpid(), flush=True)\n"
@@ -56,11 +57,11 @@ def test_the_task_exits_when_its_launcher_is_killed():
 
 
 def test_a_live_launcher_keeps_the_task():
-    assert _watchdog.launcher_alive(os.getppid(), is_parent=True)
-    assert _watchdog.launcher_alive(os.getpid(), is_parent=False)
-    assert not _watchdog.launcher_alive(2**22 + 1, is_parent=False)
+    assert watchdog.launcher_alive(os.getppid(), is_parent=True)
+    assert watchdog.launcher_alive(os.getpid(), is_parent=False)
+    assert not watchdog.launcher_alive(2**22 + 1, is_parent=False)
 
 
 def test_outside_a_launcher_nothing_starts():
-    assert not _watchdog.exit_with_launcher(environ={})
-    assert not _watchdog.exit_with_launcher(environ={_watchdog.LAUNCHER_PID_ENV: "١٢"})
+    assert not watchdog.exit_with_launcher(environ={})
+    assert not watchdog.exit_with_launcher(environ={LAUNCHER_PID: "١٢"})
