@@ -114,31 +114,33 @@ def test_the_whole_list_update_hook_check_can_fail(
     assert reported in _compat.optimizer.check_upstream()
 
 
-def test_loss_hook_wraps_compute_loss_once_and_keeps_the_original():
+def test_nlcg_takes_the_loss_from_scale_loss_and_patches_nothing():
+    # `fit` hands NLCG its loss through the public `optimizer.scale_loss`, which
+    # Keras' train step calls inside the tape (the Trainer._compute_loss patch is
+    # gone): the loss is recorded, scaled as by any optimizer.
+    import tensorflow as tf
     from keras.src.trainers import trainer
 
     from keras_replicator._compat import _patching
     from keras_replicator.optimizers import NLCG
 
-    NLCG(0.1)
-    first = trainer.Trainer._compute_loss
-    NLCG(0.1)
-    assert _compat.loss_hook.installed()
-    assert trainer.Trainer._compute_loss is first
-    original = _patching.unpatched(first)
-    assert original is not first and original.__qualname__ == "Trainer._compute_loss"
+    optimizer = NLCG(0.1)
+    assert float(optimizer.scale_loss(tf.constant(3.0))) == 3.0
+    assert float(optimizer._losses.mean(0.0)) == 3.0
+    assert not _patching.is_replaced(trainer.Trainer, "_compute_loss")
 
 
-def test_the_loss_hook_check_can_fail(monkeypatch):
+def test_the_scale_loss_route_check_can_fail(monkeypatch):
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    def train_step(self, data):  # a Keras that no longer asks `_compute_loss`
-        loss = self.compute_loss(y=data[1], y_pred=self(data[0]), training=True)
+    def train_step(self, data):  # a Keras that no longer asks `scale_loss`
+        loss = self._compute_loss(y=data[1], y_pred=self(data[0]), training=True)
         self.optimizer.apply_gradients([])
         return loss
 
     monkeypatch.setattr(tf_trainer.TensorFlowTrainer, "train_step", train_step)
-    assert "TensorFlowTrainer.train_step" in _compat.loss_hook.check_upstream()
+    changed = _compat.trainer.check_upstream()
+    assert "TensorFlowTrainer.train_step: scale_loss" in changed
 
 
 @pytest.mark.parametrize(
@@ -177,44 +179,26 @@ def test_the_loss_scale_check_can_fail(monkeypatch):
     assert "LossScaleOptimizer._tf_apply" in changed
 
 
-def test_train_begin_hook_wraps_the_callback_list_once_and_keeps_the_original():
+def test_neumann_leaves_the_callback_list_alone():
+    # `UseTrueWeights` re-displaces Neumann's weights (the CallbackList patches
+    # are gone): creating the optimizer patches nothing.
     import keras
 
     from keras_replicator._compat import _patching
     from keras_replicator.optimizers import Neumann
 
     Neumann(0.1)
-    first = keras.callbacks.CallbackList.on_train_batch_begin
-    Neumann(0.1)
-    assert _compat.train_begin.installed()
-    assert keras.callbacks.CallbackList.on_train_batch_begin is first
-    original = _patching.unpatched(first)
-    assert original is not first
-    assert original.__qualname__ == "CallbackList.on_train_batch_begin"
-
-
-def test_the_train_begin_hook_check_can_fail(monkeypatch):
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
-    def fit(self, x, epochs=1, callbacks=None):  # a Keras that stops announcing steps
-        callbacks.on_train_begin()
-        for _ in range(epochs):
-            self.train_function(iter(x))
-
-    monkeypatch.setattr(tf_trainer.TensorFlowTrainer, "fit", fit)
-    assert "TensorFlowTrainer.fit" in _compat.train_begin.check_upstream()
+    for name in ("on_train_begin", "on_train_batch_begin"):
+        assert not _patching.is_replaced(keras.callbacks.CallbackList, name)
 
 
 def _install_every_group():
     # What a process that uses everything has installed: a Replicator strategy
-    # (the Keras routing), the two fit hooks (NLCG, Neumann) and PS training.
+    # (the Keras routing) and PS training.
     import keras_replicator as kr
-    from keras_replicator.optimizers import NLCG, Neumann
     from keras_replicator.parameter_server import _keras as ps_keras
 
     kr.MultiDeviceReplicator(num_replicas=2)
-    NLCG(0.1)
-    Neumann(0.1)
     ps_keras.install()
 
 
@@ -259,9 +243,6 @@ def test_every_patch_is_guarded_and_digest_guards_have_a_digest():
 @pytest.mark.parametrize(
     "owner, name",
     [
-        ("keras.callbacks.ProgbarLogger", "on_train_begin"),
-        ("keras.callbacks.ProgbarLogger", "on_test_begin"),
-        ("keras.callbacks.ProgbarLogger", "on_predict_begin"),
         ("keras.callbacks.BackupAndRestore", "on_epoch_begin"),
         ("keras.callbacks.TensorBoard", "on_train_end"),
     ],

@@ -22,8 +22,7 @@ to a warning that lists what `check_upstream()` found changed).
 
 Modules, by what they patch or read:
 
-- `trainer`: Keras' TF trainer (step functions, symbolic build, progress bar, epoch
-  state).
+- `trainer`: Keras' TF trainer (step functions, symbolic build, epoch state).
 - `optimizer`: loss scaling, the gradient all-reduce, the optimizer's lazy build;
   under weight-update sharding, one-piece slots, the sharded update and saving.
 - `clipping`: Keras' replica-side gradient clipping, deferred to the reduced
@@ -35,10 +34,6 @@ Modules, by what they patch or read:
 - `accumulation`: `gradient_accumulation_steps` (Keras' update/accumulate branch
   moved to the cross-replica context; local accumulators, one all-reduce per update).
 - `lamb`: Keras' `Lamb` step cut at its norms, for weight-update sharding.
-- `loss_hook`: `fit`'s training loss handed to optimizers that use it (NLCG);
-  installed by `optimizers/_loss_aware.py`, under every strategy and on one device.
-- `train_begin`: `fit` tells the optimizer its first step is next (Neumann puts
-  its displaced weights back); installed by `optimizers/use_true_weights.py`.
 - `data`: a distributed dataset's length across workers.
 - `saving`: Keras' own saving, ModelCheckpoint, BackupAndRestore, TensorBoard on
   several workers.
@@ -68,13 +63,11 @@ try:
         data,
         lamb,
         layers,
-        loss_hook,
         loss_scale,
         optimizer,
         parameter_server,
         saving,
         strategy,
-        train_begin,
         trainer,
     )
     from keras_replicator._compat._inventory import PATCHES, STAMPS
@@ -83,7 +76,6 @@ try:
     from keras_replicator._compat.parameter_server import (
         closure_queue_state,
         install_parameter_server,
-        rescheduled_closures,
         stop_coordinator,
         symbolic_build,
     )
@@ -100,6 +92,7 @@ try:
         in_keras_symbolic_build,
         initial_epoch_of,
         loss_tracker,
+        replica_mean_loss,
         set_initial_epoch,
     )
 except (ImportError, AttributeError) as error:  # internals missing or moved
@@ -111,8 +104,6 @@ UPSTREAM_DIGESTS = {
     **trainer.DIGESTS,
     **optimizer.DIGESTS,
     **lamb.DIGESTS,
-    **loss_hook.DIGESTS,
-    **train_begin.DIGESTS,
     **loss_scale.DIGESTS,
     **accumulation.DIGESTS,
     **clipping.DIGESTS,
@@ -135,8 +126,6 @@ _CHECKED = (
     trainer,
     optimizer,
     lamb,
-    loss_hook,
-    train_begin,
     loss_scale,
     accumulation,
     clipping,
@@ -205,7 +194,7 @@ __all__ = [
     "stock_mirrored_strategy",
     "optimizer_variable_index",
     "register_batch_norm_moments_hook",
-    "rescheduled_closures",
+    "replica_mean_loss",
     "set_initial_epoch",
     "stop_coordinator",
     "symbolic_build",

@@ -5,8 +5,6 @@ after the version gate (`_versions.check_versions`) has passed:
 
 - `KERAS`: the Keras routing (`_compat.install(hooks)`), from every Replicator
   strategy's constructor and `kr.wrap_optimizer`;
-- `LOSS_HOOK` / `TRAIN_BEGIN`: `fit`'s loss and first-step hooks, from optimizers
-  that need them (NLCG, Neumann), under every strategy and on one device;
 - `PARAMETER_SERVER`: Keras on `ParameterServerStrategy`.
 
 The first caller of a group wins (its hooks stay); a failed gate installs
@@ -21,10 +19,8 @@ from keras_replicator._compat import _versions
 from keras_replicator._compat._patching import install_lock
 
 KERAS = "keras"
-LOSS_HOOK = "loss_hook"
-TRAIN_BEGIN = "train_begin"
 PARAMETER_SERVER = "parameter_server"
-GROUPS = (KERAS, LOSS_HOOK, TRAIN_BEGIN, PARAMETER_SERVER)
+GROUPS = (KERAS, PARAMETER_SERVER)
 
 _installed: set[str] = set()
 _gate_passed = False

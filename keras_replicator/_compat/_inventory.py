@@ -23,13 +23,7 @@ _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer.TFOptimizer"
 _BASE_OPTIMIZER = "keras.src.optimizers.base_optimizer.BaseOptimizer"
 _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer"
 _BACKUP = "keras.src.callbacks.backup_and_restore.BackupAndRestore"
-_PROGBAR = "keras.src.callbacks.progbar_logger.ProgbarLogger"
-_CALLBACKS = "keras.src.callbacks.callback_list.CallbackList"
 _TF_VARIABLE = "keras.src.backend.tensorflow.core.Variable"
-_QUEUE = (
-    "tensorflow.python.distribute.coordinator.cluster_coordinator."
-    "_CoordinatedClosureQueue"
-)
 _STEPS = "keras-team/keras#20585, #21172; tensorflow/tensorflow#72388"
 _CHIEF = "tensorflow/tensorflow#38635, #31070 (Keras has no chief)"
 _NONE = "none filed"
@@ -85,15 +79,6 @@ PATCHES: tuple[Patch, ...] = (
         "the stock build MEAN-reduces a batch to read its shapes",
     ),
     *_patches(
-        _PROGBAR,
-        ("on_train_begin", "on_test_begin", "on_predict_begin"),
-        "trainer",
-        _KERAS,
-        "digest",
-        _NONE + " (Keras has no chief)",
-        "every worker would print a progress bar",
-    ),
-    *_patches(
         "keras.src.losses.loss",
         ("scale_loss_for_distribution", "unscale_loss_for_distribution"),
         "optimizer",
@@ -121,22 +106,13 @@ PATCHES: tuple[Patch, ...] = (
         "Keras clips each replica's gradient, not the reduced one",
     ),
     *_patches(
-        "tensorflow.python.ops.nn_impl_distribute",
+        "tensorflow._api.v2.nn",
         ("compute_average_loss", "scale_regularization_loss"),
         "average_loss",
         _KERAS,
         "digest",
         _NONE + " (TensorFlow's contract: the optimizer sums)",
         "a custom train_step's loss divided by the replicas trains at 1/N in fit",
-    ),
-    *_patches(
-        "tensorflow._api.v2.nn",
-        ("compute_average_loss", "scale_regularization_loss"),
-        "average_loss",
-        _KERAS,
-        "weak",
-        _NONE + " (TensorFlow's contract: the optimizer sums)",
-        "the same functions, as users reach them",
     ),
     *_patches(
         _BASE_OPTIMIZER,
@@ -289,24 +265,6 @@ PATCHES: tuple[Patch, ...] = (
         "non-chiefs log to scratch, removed when training ends",
     ),
     *_patches(
-        "keras.src.trainers.trainer.Trainer",
-        ("_compute_loss",),
-        "loss_hook",
-        _installer.LOSS_HOOK,
-        "digest",
-        "keras-team/keras#14062 (closed without an API)",
-        "optimizers never see the training loss (NLCG needs it)",
-    ),
-    *_patches(
-        _CALLBACKS,
-        ("on_train_begin", "on_train_batch_begin"),
-        "train_begin",
-        _installer.TRAIN_BEGIN,
-        "digest",
-        _NONE,
-        "fit tells the optimizer nothing before its first step (Neumann)",
-    ),
-    *_patches(
         _TF_TRAINER,
         ("fit", "evaluate", "predict"),
         "parameter_server",
@@ -314,15 +272,6 @@ PATCHES: tuple[Patch, ...] = (
         "weak",
         _NONE + " (tf_keras had ClusterCoordinator support)",
         "Keras 3 cannot train on ParameterServerStrategy",
-    ),
-    *_patches(
-        _QUEUE,
-        ("put_back",),
-        "parameter_server",
-        _installer.PARAMETER_SERVER,
-        "weak",
-        _NONE,
-        "rescheduled closures are logged, not counted",
     ),
     *_patches(
         _TF_VARIABLE,

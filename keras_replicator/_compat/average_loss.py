@@ -9,8 +9,11 @@ replica's sample count is declared) gradients are averaged instead, so a custom
 step (issue 53). Keras' own loss objects have the same 1/N, which
 `_compat/optimizer.py` already undoes there (`scale_loss_for_distribution`).
 
-There is no hook in these public functions, so both are wrapped, in TensorFlow's
-module and in `tf.nn`: inside our steps the result is multiplied back by the
+There is no hook in these public functions, so both are wrapped where users
+reach them, `tf.nn` (TensorFlow and Keras never call them internally, so the
+private `nn_impl_distribute` module they are defined in is left alone; its
+functions are read for the digests): inside our steps the result is multiplied
+back by the
 replica count (`hooks.loss_helper_factor`), making it a per-replica quantity
 whose mean over replicas is the one-device loss, which is also what a loss
 tracker then logs; a fixed `global_batch_size` also tells the reduction to weigh
@@ -28,19 +31,15 @@ from keras_replicator._compat._patching import changed_digests, replace, unpatch
 
 # Source digests of the functions we wrap, for tensorflow==2.21.0.
 DIGESTS = {
-    "nn_impl_distribute.compute_average_loss": "3683ca7a96dd88ea",
-    "nn_impl_distribute.scale_regularization_loss": "2adedb87d51320b2",
+    "nn.compute_average_loss": "3683ca7a96dd88ea",
+    "nn.scale_regularization_loss": "2adedb87d51320b2",
 }
 
 
 def _upstream_objects():
     return {
-        "nn_impl_distribute.compute_average_loss": unpatched(
-            _nn_distribute.compute_average_loss
-        ),
-        "nn_impl_distribute.scale_regularization_loss": unpatched(
-            _nn_distribute.scale_regularization_loss
-        ),
+        "nn.compute_average_loss": _nn_distribute.compute_average_loss,
+        "nn.scale_regularization_loss": _nn_distribute.scale_regularization_loss,
     }
 
 
@@ -76,6 +75,5 @@ def install(hooks) -> None:
 
         return scale_regularization_loss
 
-    for owner in (_nn_distribute, tf.nn):
-        replace(owner, "compute_average_loss", averaging)
-        replace(owner, "scale_regularization_loss", regularizing)
+    replace(tf.nn, "compute_average_loss", averaging)
+    replace(tf.nn, "scale_regularization_loss", regularizing)

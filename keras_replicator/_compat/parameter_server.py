@@ -1,7 +1,6 @@
 """Keras 3 on `ParameterServerStrategy` (issue 14): fit / evaluate / predict routed
-to `parameter_server/`, the coordinator's rescheduled closures counted, and Keras
-variables' `assign_add` / `assign_sub` made atomic on the parameter servers
-(issue 22).
+to `parameter_server/`, and Keras variables' `assign_add` / `assign_sub` made atomic
+on the parameter servers (issue 22).
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from keras.src.backend.tensorflow import trainer as _tf_trainer
 from keras_replicator._compat import _installer
 from keras_replicator._compat._patching import replace, unpatched
 
-_rescheduled_closures = [0]
-
 
 def install_parameter_server(hooks) -> None:
     """Routes `Model.fit` / `evaluate` / `predict` to `hooks` under PS training.
@@ -29,10 +26,8 @@ def install_parameter_server(hooks) -> None:
     keras-team/keras has no ClusterCoordinator support, tf_keras had it in
     `Model.fit`). Only models whose strategy `hooks.routes(model)` accepts (a
     `ParameterServerReplicator`) are routed; everything else keeps stock Keras.
-    Also counts closures the coordinator puts back after a worker failure
-    (`rescheduled_closures()`), which TF logs but does not expose, and makes
-    Keras variables' increments atomic where `hooks.atomic_updates()` says so
-    (`install_atomic_updates`).
+    Also makes Keras variables' increments atomic where `hooks.atomic_updates()`
+    says so (`install_atomic_updates`).
     """
     _installer.install_once(
         _installer.PARAMETER_SERVER, lambda: _install_parameter_server(hooks)
@@ -52,16 +47,6 @@ def _install_parameter_server(hooks) -> None:
             return routed
 
         replace(trainer, name, make)
-    from tensorflow.python.distribute.coordinator import cluster_coordinator
-
-    def count(original):
-        def put_back(self, closure):
-            _rescheduled_closures[0] += 1
-            return original(self, closure)
-
-        return put_back
-
-    replace(cluster_coordinator._CoordinatedClosureQueue, "put_back", count)
     install_atomic_updates(hooks)
 
 
@@ -123,11 +108,6 @@ def sharded_parts(variable) -> int:
     return 1
 
 
-def rescheduled_closures() -> int:
-    """Closures put back in the coordinator's queue (worker failures) so far."""
-    return _rescheduled_closures[0]
-
-
 def symbolic_build(model, data_batch) -> None:
     """Builds a compiled model's metrics and loss from one batch, in its scope.
 
@@ -148,13 +128,6 @@ def check_upstream() -> dict[str, str]:
     for name in ("fit", "evaluate", "predict"):
         if not callable(getattr(trainer, name, None)):
             changed[f"TensorFlowTrainer.{name}"] = "missing"
-    from tensorflow.python.distribute.coordinator import cluster_coordinator
-
-    queue = getattr(cluster_coordinator, "_CoordinatedClosureQueue", None)
-    if queue is None or not callable(getattr(queue, "put_back", None)):
-        changed["_CoordinatedClosureQueue.put_back"] = "missing"
-    elif "put_back(closure)" not in inspect.getsource(cluster_coordinator.Worker):
-        changed["Worker put_back"] = "failed closures no longer put back"
     changed.update(check_coordinator_internals())
     changed.update(check_variable_internals())
     return changed

@@ -1,4 +1,4 @@
-"""Keras' TF trainer: the step functions, symbolic build, progress bar, epoch state.
+"""Keras' TF trainer: the step functions, symbolic build, epoch state.
 
 keras-team/keras#20585, tensorflow/tensorflow#72388 and keras-team/keras#21172: the
 stock step functions break under MultiWorkerMirroredStrategy, with
@@ -13,7 +13,7 @@ import inspect
 
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as _tf_trainer
-from keras.src.callbacks import progbar_logger as _progbar
+from keras.src.losses import loss as _loss_module
 
 from keras_replicator._compat._patching import changed_digests, replace, unpatched
 from keras_replicator._compat.strategy import is_replicator
@@ -27,12 +27,7 @@ DIGESTS = {
     "TensorFlowTrainer._maybe_symbolic_build": "92a504f5eba9b29f",
     "TensorFlowTrainer.train_step": "debf0efab9d5794b",
     "TensorFlowTrainer.test_step": "a8f04a25512e74e2",
-    # Wrapped by `_patch_progress_bar` (it only sets `verbose` first).
-    "ProgbarLogger.on_train_begin": "a9665d414b01806e",
-    "ProgbarLogger.on_test_begin": "7f67a3bce6bedd6d",
-    "ProgbarLogger.on_predict_begin": "0d2339aa65afbf12",
 }
-_PROGRESS_EVENTS = ("on_train_begin", "on_test_begin", "on_predict_begin")
 
 
 def _upstream_objects():
@@ -48,10 +43,6 @@ def _upstream_objects():
         ),
         "TensorFlowTrainer.train_step": trainer.train_step,
         "TensorFlowTrainer.test_step": trainer.test_step,
-        **{
-            f"ProgbarLogger.{event}": unpatched(getattr(_progbar.ProgbarLogger, event))
-            for event in _PROGRESS_EVENTS
-        },
     }
 
 
@@ -65,6 +56,14 @@ def check_upstream() -> dict[str, str]:
         changed["TensorFlowTrainer.fit"] = "no longer resumes from _initial_epoch"
     if "self._loss_tracker" not in inspect.getsource(_tf_trainer.TensorFlowTrainer):
         changed["TensorFlowTrainer._loss_tracker"] = "no longer used by train_step"
+    # `fit` hands NLCG its loss through `optimizer.scale_loss` (optimizers/nlcg.py):
+    # Keras' train step must still ask for it inside the tape, before the update.
+    step = inspect.getsource(_tf_trainer.TensorFlowTrainer.train_step)
+    scale_at = step.find("loss = self.optimizer.scale_loss(loss)")
+    if not 0 <= scale_at < step.find("self.optimizer.apply_gradients("):
+        changed["TensorFlowTrainer.train_step: scale_loss"] = (
+            "no longer asks the optimizer to scale its loss before apply_gradients"
+        )
     if "self._distributed_dataset = dataset" not in inspect.getsource(
         _tf_trainer.TFEpochIterator
     ):
@@ -83,9 +82,8 @@ def check_upstream() -> dict[str, str]:
 
 
 def install(hooks) -> None:
-    """Routes the step functions, the symbolic build and the progress bar."""
+    """Routes the step functions and the symbolic build."""
     _patch_trainer(hooks)
-    _patch_progress_bar(hooks)
 
 
 def in_keras_symbolic_build() -> bool:
@@ -109,6 +107,17 @@ def set_initial_epoch(model, epoch: int) -> None:
 def loss_tracker(model):
     """The `loss` Mean metric Keras' default `train_step` updates."""
     return model._loss_tracker
+
+
+def replica_mean_loss(loss):
+    """This replica's mean loss from the loss a Keras train step computed.
+
+    Keras divides each loss by the replica count under tf.distribute
+    (`scale_loss_for_distribution`, no public name); its `train_step` multiplies
+    back with `unscale_loss_for_distribution` for its loss tracker, and so do we.
+    Inside the library's steps both are the identity (`_compat/optimizer.py`).
+    """
+    return _loss_module.unscale_loss_for_distribution(loss)
 
 
 def initial_epoch_of(model) -> int | None:
@@ -224,22 +233,3 @@ def _replica_input_specs(epoch_iterator):
             return None
         leaves.append(leaf)
     return tf.nest.pack_sequence_as(spec, leaves)
-
-
-def _patch_progress_bar(hooks):
-    # N workers would print N progress bars (keras-team/keras has no notion of a
-    # chief). Under our multi-worker strategies only the chief prints; its numbers
-    # are the global ones.
-    import keras
-
-    def silence_non_chief(original):
-        def on_begin(self, logs=None):
-            model = getattr(self, "model", None)
-            if model is not None and hooks.silences_output(model):
-                self.verbose = 0
-            return original(self, logs)
-
-        return on_begin
-
-    for event in _PROGRESS_EVENTS:
-        replace(keras.callbacks.ProgbarLogger, event, silence_non_chief)

@@ -34,14 +34,17 @@ class KerasHooks:
 
     @staticmethod
     def make_train_function(model):
+        _print_on_the_chief_only(model)
         return _steps.make_train_function(model, _compat.loss_tracker(model))
 
     @staticmethod
     def make_test_function(model):
+        _print_on_the_chief_only(model)
         return _steps.make_test_function(model, _compat.loss_tracker(model))
 
     @staticmethod
     def make_predict_function(model):
+        _print_on_the_chief_only(model)
         return _steps.make_predict_function(model)
 
     # What Keras' epoch iterator iterates: plain tf.data with one replica per
@@ -214,12 +217,6 @@ class KerasHooks:
         )
         return slot.variable
 
-    @staticmethod
-    def silences_output(model) -> bool:
-        """Progress bars print on the chief only."""
-        strategy = model.distribute_strategy
-        return _compat.is_replicator(strategy) and not _roles.is_chief(strategy)
-
     # Keras' own saving on several workers: the chief writes, atomically
     # (`_files/worker_files`).
     routes_worker_files = staticmethod(worker_files.routes)
@@ -263,6 +260,19 @@ def _overrides_call(cls) -> bool:
         if "call" in vars(klass):
             return True
     return True
+
+
+def _print_on_the_chief_only(model) -> None:
+    """Progress bars print on the chief only: its numbers are the global ones.
+
+    Keras has no chief (N workers would print N progress bars). Its public switch,
+    `keras.config.disable_interactive_logging()`, sends Keras' own output
+    (progress bars, `summary()`) to absl logging at INFO level, which is not
+    shown unless the program turns INFO logging on; set once, on a non-chief
+    worker, for the whole process.
+    """
+    if not _roles.is_chief(model.distribute_strategy):
+        keras.config.disable_interactive_logging()
 
 
 def install() -> None:

@@ -37,8 +37,8 @@ import keras
 import tensorflow as tf
 from keras import tree
 
-from keras_replicator import _compat, _preemption
 from keras_replicator._replicator_state import replicator_state
+from keras_replicator._worker import preemption as _preemption
 from keras_replicator.communication import _all_reduce
 from keras_replicator.keras_integration import (
     _global_metrics,
@@ -352,8 +352,10 @@ def _xla_train_step(model, loss_tracker):
         for index, value in zip(changed_state, new_values):
             state[index].assign(value)
         loss_tracker.update_state(loss, sample_weight=_sample_count.batch_size_of(x))
-        # The loss was computed inside XLA, where the fit-loss hook stays silent.
-        _compat.loss_hook.observe_training_loss(model, x, loss)
+        # `scale_loss` saw a placeholder: an optimizer that records the loss it
+        # scales (NLCG) gets the real one, replacing it; the result is unused (a
+        # second call scales nothing again: the step's sample count is taken).
+        model.optimizer.scale_loss(loss)
         model.optimizer.apply_gradients(zip(gradients, trainable))
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 

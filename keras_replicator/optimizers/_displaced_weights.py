@@ -4,8 +4,8 @@ Algorithm 2 of Krishnan et al. stores `w + mu * m` (the point where the next
 gradient is taken), so the model holds *displaced* weights during training; the
 true weights are `w - mu * m`. This module is that concept alone: reading the
 true weights, moving the model between the two in place (one rounding per
-element, no extra copy), and ending `fit` on the true weights. When `fit` moves
-back, and the `UseTrueWeights` callback, are `use_true_weights.py`; the update
+element, no extra copy), and ending `fit` on the true weights. Moving back inside
+`fit` (the `UseTrueWeights` callback) is `use_true_weights.py`; the update
 itself is `neumann.py`.
 """
 
@@ -61,9 +61,9 @@ class DisplacedWeights:
 
         Call it in the cross-replica context (outside `strategy.run`), e.g. before
         evaluating or saving. The next gradient must be taken at the displaced
-        weights: `fit` moves back before its first step; a custom loop calls
-        `use_displaced_weights()` (otherwise the next update re-applies the
-        displacement itself, after a gradient taken at the true weights).
+        weights: in `fit`, the `UseTrueWeights` callback moves back before each
+        epoch; a custom loop calls `use_displaced_weights()` (otherwise the next
+        update fails: its gradient was taken at the true weights).
         """
         self._move(to_true=True)
 

@@ -11,12 +11,13 @@ all-reduce (`sum_r(n_r * loss_r) / sum_r(n_r)`, exact for uneven splits). The
 all-reduce runs only when the optimizer uses the loss, and then on every replica,
 so the collective is always matched.
 
-`fit` calls it for you: creating an optimizer that uses the loss installs
-`_observe_fit_loss` as the observer of Keras' training loss
-(`_compat/loss_hook.py`), which forms the global-batch mean from each replica's
-mean and sample count, on one device and under every strategy. Custom loops,
-`run_steps` and a `train_step` that calls `compute_loss` itself call
-`observe_loss` in their step.
+`fit` needs no call: Keras' `train_step` asks the optimizer to scale the loss it
+differentiates (`optimizer.scale_loss`, inside the tape, before
+`apply_gradients`), and an optimizer that uses the loss records it there
+(`observe_scaled_loss`: the global-batch mean from each replica's mean), on one
+device and under every strategy, with nothing installed. Custom loops, `run_steps`
+and a `train_step` that does not call `scale_loss` call `observe_loss` in their
+step.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from keras_replicator import _compat
+from keras_replicator.keras_integration import _sample_count
 
 
 def uses_loss(optimizer) -> bool:
@@ -77,30 +79,21 @@ def global_mean(loss, sample_count):
     return tf.where(samples > 0, total / tf.maximum(samples, 1), loss)
 
 
-def install_fit_hook() -> None:
-    """Makes `fit` hand its training loss to optimizers that use it (idempotent)."""
-    _compat.loss_hook.install(_observe_fit_loss)
+def observe_scaled_loss(optimizer, loss) -> None:
+    """`observe_loss` for the loss a train step asks `optimizer` to scale.
 
-
-def _observe_fit_loss(model, x, loss) -> None:
-    """`observe_loss` for the loss Keras' `train_step` computed, in its replica."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not uses_loss(optimizer):
-        return
-    loss = tf.convert_to_tensor(_compat.loss_hook.replica_mean_loss(loss))
-    observe_loss(optimizer, tf.stop_gradient(loss), sample_count=_batch_size(x))
-
-
-def _batch_size(x):
-    """The number of samples in `x`, counted as Keras' `train_step` counts them."""
-    first = _compat.loss_hook.first_input(x)
-    if isinstance(first, tf.RaggedTensor):
-        return first.nrows()
-    if isinstance(first, tf.SparseTensor):
-        return first.dense_shape[0]
-    if first is None or tf.convert_to_tensor(first).shape.rank == 0:
-        return tf.ones((), "int32")
-    return tf.shape(first)[0]
+    That loss is this replica's mean, divided by the replica count under stock
+    strategies (undone here, as Keras' `train_step` undoes it for its loss
+    tracker). Our steps declare the replica's sample count, which weighs the
+    replicas' means exactly; elsewhere the replicas weigh equally, as stock Keras
+    weighs their gradients (exact when they hold equal shares).
+    """
+    loss = tf.convert_to_tensor(_compat.replica_mean_loss(loss))
+    declared = _sample_count.declared()
+    count = tf.ones((), "float32")
+    if declared is not None and not declared.equal_weights:
+        count = declared.count
+    observe_loss(optimizer, tf.stop_gradient(loss), sample_count=count)
 
 
 def _innermost(optimizer):

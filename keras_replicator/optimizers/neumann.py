@@ -15,14 +15,15 @@ Design decisions:
   m_T`): `use_true_weights()` moves the model to them in place and marks the
   optimizer "not displaced" (a saved flag); `use_displaced_weights()` moves back.
   Keras' `fit` ends with `finalize_variable_values`, which moves to the true
-  weights, so `fit` ends (and `model.save` after `fit` stores) true weights. Every
-  `fit` moves back to the displaced weights before its first step (Keras calls
-  nothing on the optimizer there: `use_true_weights.install_fit_hook`, through
-  `_compat/train_begin.py`), so a continued, loaded or restored run takes its
-  gradients where the uninterrupted one did; the `UseTrueWeights` callback moves
-  around evaluations inside `fit`. A round trip costs one rounding per element, no
-  extra copy. A step that still finds true weights (a custom loop) re-applies the
-  displacement itself, after its gradient was taken at the true weights.
+  weights, so `fit` ends (and `model.save` after `fit` stores) true weights. Keras
+  calls nothing on the optimizer when the next `fit` starts, so the
+  `UseTrueWeights` callback moves back to the displaced weights before each epoch
+  (a continued, loaded or restored run then takes its gradients where the
+  uninterrupted one did) and around evaluations inside `fit`. A round trip costs
+  one rounding per element, no extra copy. An update that finds the true weights
+  (a `fit` without the callback, a custom loop that did not call
+  `use_displaced_weights()`) fails before it changes anything: its gradient was
+  taken at the wrong point.
 - **Step counting.** `t` counts optimizer updates (Keras' `iterations`, so with
   `gradient_accumulation_steps` one update per accumulation cycle), from the end of
   the burn-in. The paper counts the momentum schedule in epochs: `mu_steps` updates
@@ -39,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.optimizers import _arguments, use_true_weights
+from keras_replicator.optimizers import _arguments
 from keras_replicator.optimizers._displaced_weights import DisplacedWeights
 from keras_replicator.optimizers._whole_list import WholeListOptimizer, _raw
 
@@ -189,7 +190,6 @@ class Neumann(DisplacedWeights, WholeListOptimizer):
         )
         self.reset_mode = _arguments.check_choice("reset_mode", reset_mode, RESET_MODES)
         self.mu_since_reset = _arguments.check_bool("mu_since_reset", mu_since_reset)
-        use_true_weights.install_fit_hook()
 
     def build(self, var_list):
         """Creates `m` and `v` per variable and the scalar schedule state."""
@@ -231,6 +231,7 @@ class Neumann(DisplacedWeights, WholeListOptimizer):
             self._last_reset,
         )
         scalars = [tf.convert_to_tensor(_raw(x)) for x in state]
+        weights, m, v, scalars = _at_displaced_weights(scalars, weights, m, v, scalars)
         step = tf.cast(self.iterations, "int64")
         lr = tf.cast(learning_rate, "float64")
 
@@ -257,7 +258,8 @@ class Neumann(DisplacedWeights, WholeListOptimizer):
     def _neumann_step(self, step, lr, grads, weights, m, v, scalars):
         mu_last, displaced, next_reset, period, last_reset = scalars
         t = step - self.burn_in_steps
-        # Re-apply the displacement `use_true_weights()` took out.
+        # Re-apply the displacement `use_true_weights()` took out, where the check
+        # of `_at_displaced_weights` cannot stop the step (XLA drops assertions).
         weights = [
             w + tf.cast((1.0 - displaced) * mu_last, w.dtype) * mi
             for w, mi in zip(weights, m)
@@ -321,6 +323,24 @@ class Neumann(DisplacedWeights, WholeListOptimizer):
             }
         )
         return config
+
+
+_AT_TRUE_WEIGHTS = (
+    "`Neumann` was asked for an update while the model holds its true weights "
+    "(after `fit`, `use_true_weights()` or loading a model), so the gradient was "
+    "taken at the wrong point. Pass `keras_replicator.optimizers.UseTrueWeights()` "
+    "in the `callbacks` of every `fit` that continues training, or call "
+    "`optimizer.use_displaced_weights()` before a custom training loop."
+)
+
+
+def _at_displaced_weights(scalars, *values):
+    """`values`, once the model is known to hold the displaced weights."""
+    mu, displaced = scalars[0], scalars[1]
+    at_true = tf.logical_and(tf.equal(displaced, 0.0), tf.not_equal(mu, 0.0))
+    check = tf.debugging.Assert(tf.logical_not(at_true), [_AT_TRUE_WEIGHTS])
+    with tf.control_dependencies([check]):
+        return [[tf.identity(x) for x in group] for group in values]
 
 
 def regularizer_coefficients(differences, alpha, beta, norm):

@@ -11,15 +11,18 @@ scalars and take the same branches.
 Design decisions:
 
 - **The loss.** Step control needs the training loss, which Keras optimizers never
-  see. `set_loss(loss)` stores it in optimizer variables; the train step must call
-  it (through `keras_replicator.optimizers.observe_loss`) with the all-reduced
-  global-batch mean loss *before* `apply_gradients`. `fit` does so itself (NLCG
-  with step control installs `_compat/loss_hook.py`); custom loops call it. With
-  `gradient_accumulation_steps` the losses observed between two updates are
-  averaged. The variables use Keras' `"only_first_replica"` aggregation, so even a
-  wrongly-passed local loss cannot make replicas take different branches (it only
-  makes the step control use replica 0's loss). A step that runs with
-  `step_control=True` and no loss ever given fails while the step is traced.
+  see in `apply_gradients`. But Keras' `train_step` asks the optimizer to scale the
+  loss it differentiates (`scale_loss`, inside the tape, before
+  `apply_gradients`): NLCG's `scale_loss` records it, as the global-batch mean
+  (`_loss_aware.observe_scaled_loss`), so `fit` needs nothing installed, on one
+  device and under every strategy. Custom loops (and a `train_step` that does not
+  call `scale_loss`) call `keras_replicator.optimizers.observe_loss` before
+  `apply_gradients`. With `gradient_accumulation_steps` the losses observed
+  between two updates are averaged (`_observed_losses.py`). The variables use
+  Keras' `"only_first_replica"` aggregation, so even a wrongly-passed local loss
+  cannot make replicas take different branches (it only makes the step control
+  use replica 0's loss). A step that runs with `step_control=True` and no loss
+  ever given fails while the step is traced.
 - **Timing of the step control.** apple/ml-ncg's TF1 graph (run with the loss
   ready before the gradient; our NumPy transcription matched it to float32
   rounding) reads the step multiplier, the loss average and the previous
@@ -47,6 +50,7 @@ import tensorflow as tf
 
 from keras_replicator import _compat
 from keras_replicator.optimizers import _arguments, _loss_aware, _nlcg_steps
+from keras_replicator.optimizers._observed_losses import ObservedLosses
 from keras_replicator.optimizers._whole_list import WholeListOptimizer, _raw
 
 BETA_RULES = ("fr", "pr")
@@ -182,29 +186,34 @@ class NLCG(WholeListOptimizer):
         self.epsilon = _arguments.check_float(
             "epsilon", epsilon, 0.0, exclusive_low=True
         )
-        self._loss_given = False
-        if self.step_control:
-            _loss_aware.install_fit_hook()
-            # Made here, not in `build`: the first `set_loss` precedes the first
-            # `apply_gradients`, which is when Keras builds the optimizer.
-            self._loss_sum = self._scalar("nlcg_loss_sum", 0.0, "only_first_replica")
-            self._loss_count = self._scalar(
-                "nlcg_loss_count", 0.0, "only_first_replica"
-            )
+        self._losses = ObservedLosses(self, "nlcg") if self.step_control else None
 
     @property
     def uses_loss(self) -> bool:
         """Whether `set_loss` must be called before each update."""
         return self.step_control
 
+    def scale_loss(self, loss):
+        """Scales `loss` as any Keras optimizer does, and records it.
+
+        Keras' `train_step` calls it inside the tape with the loss it
+        differentiates, before `apply_gradients`: this is how `fit` hands NLCG
+        the training loss (as the global-batch mean). A later `observe_loss` in
+        the same step replaces it.
+        """
+        if self.step_control and loss is not None:
+            _loss_aware.observe_scaled_loss(self, loss)
+        return super().scale_loss(loss)
+
     def set_loss(self, loss) -> None:
         """Hands the optimizer the training loss of the coming update.
 
         Call it in the train step, before `apply_gradients`, with the
         **global-batch mean loss** (all-reduced over replicas: a replica's local
-        loss would steer the step control by one replica's batch). A no-op when
-        `step_control=False`. Prefer `keras_replicator.optimizers.observe_loss`,
-        which also accepts optimizers that need no loss.
+        loss would steer the step control by one replica's batch); a second call
+        in the same step replaces the first. A no-op when `step_control=False`.
+        Prefer `keras_replicator.optimizers.observe_loss`, which also accepts
+        optimizers that need no loss.
 
         Args:
             loss: A scalar tensor (or float).
@@ -212,7 +221,7 @@ class NLCG(WholeListOptimizer):
         Raises:
             ValueError: If `loss` is not a scalar.
         """
-        if not self.step_control:
+        if self._losses is None:  # step_control=False
             return
         # A Python float stays exact (float64), like the state it feeds.
         loss = tf.convert_to_tensor(loss, dtype_hint="float64")
@@ -221,9 +230,7 @@ class NLCG(WholeListOptimizer):
                 "`loss` must be a scalar. Received: loss with shape "
                 f"{loss.shape}. Pass the mean loss over the global batch."
             )
-        self._loss_sum.assign_add(tf.cast(loss, "float64"))
-        self._loss_count.assign_add(tf.ones((), "float64"))
-        self._loss_given = True
+        self._losses.add(tf.cast(loss, "float64"))
 
     @property
     def step_multiplier(self):
@@ -272,10 +279,11 @@ class NLCG(WholeListOptimizer):
         return None if slots is None else [slots[i] for i in index]
 
     def _new_values(self, grads, variables, learning_rate):
-        if self.step_control and not self._loss_given:
+        if self.step_control and not self._losses.given:
             raise ValueError(
                 "`NLCG(step_control=True)` needs the training loss, and none was "
-                "given. In the train step, call "
+                "given (Keras' `LossScaleOptimizer` does not pass on the loss it "
+                "scales). In the train step, call "
                 "`keras_replicator.optimizers.observe_loss(optimizer, loss)` with "
                 "the global-batch mean loss before `apply_gradients`, or pass "
                 "`step_control=False`."
@@ -350,12 +358,10 @@ class NLCG(WholeListOptimizer):
 
     def _step_control(self, first, multiplier):
         """The new multiplier, the share taken back and the loss-state updates."""
-        count = tf.convert_to_tensor(_raw(self._loss_count))
-        total = tf.convert_to_tensor(_raw(self._loss_sum))
         ema = tf.convert_to_tensor(_raw(self._loss_ema))
         ema_old = tf.convert_to_tensor(_raw(self._loss_ema_old))
         # No loss since the last update (set_loss called elsewhere): no new evidence.
-        loss = tf.where(count > 0, total / tf.maximum(count, 1.0), ema)
+        loss = self._losses.mean(ema)
         step = tf.cast(self.iterations, "int64")
         check = tf.logical_and(
             tf.logical_not(first),
@@ -372,12 +378,8 @@ class NLCG(WholeListOptimizer):
             self.step_control_threshold,
             lagged=self._timing["a"],
         )
-        updates = [
-            (self._loss_ema, ema),
-            (self._loss_ema_old, ema_old),
-            (self._loss_sum, tf.zeros_like(total)),
-            (self._loss_count, tf.zeros_like(count)),
-        ]
+        updates = [(self._loss_ema, ema), (self._loss_ema_old, ema_old)]
+        updates += self._losses.reset()
         return multiplier, share, updates
 
     def get_config(self) -> dict:

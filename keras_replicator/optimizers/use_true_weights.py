@@ -2,41 +2,23 @@
 
 Neumann keeps displaced weights `w + mu * m` in the model while it trains (see
 `neumann.py`). `fit` ends with the true weights on its own (Keras calls the
-optimizer's `finalize_variable_values`), and every `fit` puts the displaced
-weights back before its first step on its own too (`install_fit_hook`, through
-`_compat/train_begin.py`), so a run continued after `fit`, `load_model` or
-`load_weights` takes its first gradient where the uninterrupted run would. What
-remains is inside `fit`: the validation pass of each epoch, a `predict` from a
-callback or a `ModelCheckpoint` would see displaced weights. This callback, in
-the style of Keras' `SwapEMAWeights`, moves the model to the true weights before
-each of those and back to the displaced ones before training resumes. It lives
-next to the optimizer it serves and works with any optimizer that has
-`use_true_weights()` and `use_displaced_weights()`.
+optimizer's `finalize_variable_values`), but Keras calls nothing on the optimizer
+when the next `fit` starts: this callback, in the style of Keras' `SwapEMAWeights`,
+puts the displaced weights back before each epoch (after `BackupAndRestore` and
+other callbacks restored a state in `on_train_begin`), so a run continued after
+`fit`, `load_model` or `load_weights` takes its first gradient where the
+uninterrupted run would. Inside `fit` it moves the model to the true weights
+before the validation pass of each epoch, a `predict` from a callback (and, with
+`on_epoch_end=True`, a `ModelCheckpoint`), and back before training resumes. A
+`fit` that continues without it fails at its first update (`neumann.py`), rather
+than train from the wrong point. It lives next to the optimizer it serves and
+works with any optimizer that has `use_true_weights()` and
+`use_displaced_weights()`.
 """
 
 from __future__ import annotations
 
 import keras
-
-from keras_replicator import _compat
-
-
-def install_fit_hook() -> None:
-    """Makes every `fit` re-displace the weights before its first step.
-
-    Idempotent. An optimizer with `use_displaced_weights()` (Neumann) installs it
-    when it is created; other optimizers are left alone.
-    """
-    _compat.train_begin.install(_displace_before_training)
-
-
-def _displace_before_training(model) -> None:
-    """Moves `model` to its training weights; a no-op where they already are."""
-    move = getattr(
-        _innermost(getattr(model, "optimizer", None)), "use_displaced_weights", None
-    )
-    if move is not None:
-        move()
 
 
 def _innermost(optimizer):
@@ -48,9 +30,9 @@ def _innermost(optimizer):
 class UseTrueWeights(keras.callbacks.Callback):
     """Evaluates true weights during `fit` and trains on displaced ones.
 
-    Not needed to continue a run exactly: every `fit` re-displaces the weights
-    before its first step without it. Pass it to a `fit` whose validation or
-    callbacks should see the true weights.
+    Pass it to every `fit` of a `Neumann` model: it puts the displaced weights
+    back before training (a `fit` that continues a run without it fails at its
+    first update), and validation and callbacks see the true weights.
 
     Args:
         on_epoch_end: Also move at the end of every epoch, so that callbacks placed
@@ -101,8 +83,9 @@ class UseTrueWeights(keras.callbacks.Callback):
             optimizer.use_displaced_weights()
 
     def on_train_begin(self, logs=None):
-        # Checks the optimizer; `fit` re-displaces before its first step itself
-        # (not here: a `fit` that takes no step then moves nothing).
+        # Checks the optimizer; `on_epoch_begin` re-displaces (not here: callbacks
+        # after this one may still restore a state, and a `fit` that runs no
+        # epoch then moves nothing).
         self._optimizer()
         self._training = True
 

@@ -1,11 +1,8 @@
-"""Faults under PS training: lost steps of failed workers, and a dead ps.
+"""Faults under PS training: a dead or hung task.
 
 TensorFlow's `ClusterCoordinator` already tolerates workers that die: the
 function a dead worker was running is put back in the queue and run by another
-worker, and a worker that comes back is used again. What it does not do is say
-so. We count the put-back functions (`_compat.rescheduled_closures`): each one is
-a batch of steps whose work was lost and redone (its updates up to the failure
-may already have reached the parameter servers; async training accepts that).
+worker (TensorFlow logs the failure), and a worker that comes back is used again.
 
 A parameter server that dies cannot be tolerated (it held the variables). TF
 raises an `UnavailableError` naming `/job:ps`; we raise a `RuntimeError` saying
@@ -36,33 +33,8 @@ import time
 import tensorflow as tf
 
 from keras_replicator import _compat
+from keras_replicator._environment import PS_TIMEOUT
 from keras_replicator._replicator_state import replicator_state
-
-
-class Faults:
-    """Counts the steps lost to worker failures since it was created or reset."""
-
-    def __init__(self, steps_per_closure: int):
-        self.steps_per_closure = steps_per_closure
-        self._start = _compat.rescheduled_closures()
-
-    def lost_steps(self) -> int:
-        """Steps re-run on other workers since the last `reset()`."""
-        return (_compat.rescheduled_closures() - self._start) * self.steps_per_closure
-
-    def reset(self) -> None:
-        self._start = _compat.rescheduled_closures()
-
-
-def report_lost_steps(strategy, lost: int, epoch: int) -> None:
-    """Adds to `strategy.lost_steps` and prints one line on the chief."""
-    strategy.lost_steps += lost
-    print(
-        f"keras_replicator: {lost} step(s) of epoch {epoch + 1} were lost with a "
-        "failed worker and re-run on the others (training continued).",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def call(function, *args, **kwargs):
@@ -101,7 +73,7 @@ def timeout_seconds() -> float:
 
     `KERAS_REPLICATOR_PS_TIMEOUT` if set, else 60.
     """
-    raw = os.environ.get("KERAS_REPLICATOR_PS_TIMEOUT")
+    raw = os.environ.get(PS_TIMEOUT)
     if raw is None:
         return DEFAULT_TIMEOUT
     try:
@@ -110,8 +82,8 @@ def timeout_seconds() -> float:
         value = float("nan")
     if not value > 0:
         raise ValueError(
-            "`KERAS_REPLICATOR_PS_TIMEOUT` must be a positive number of seconds "
-            f"('inf' waits forever). Received: KERAS_REPLICATOR_PS_TIMEOUT={raw!r}."
+            f"`{PS_TIMEOUT}` must be a positive number of seconds "
+            f"('inf' waits forever). Received: {PS_TIMEOUT}={raw!r}."
         )
     return value
 
@@ -240,7 +212,7 @@ def _hang_message(strategy, limit, what) -> str:
         "The last checkpoint written (ModelCheckpoint / BackupAndRestore) is "
         "intact; restart the job to resume from it (`keras-replicator launch "
         "--max-restarts 1`). If one scheduled function (steps_per_execution "
-        "steps) legitimately takes longer, raise KERAS_REPLICATOR_PS_TIMEOUT "
+        f"steps) legitimately takes longer, raise {PS_TIMEOUT} "
         f"(now {limit:g} s)."
     )
 

@@ -79,7 +79,6 @@ def fit(
         steps=data.steps_per_epoch,
         model=model,
     )
-    faults = _faults.Faults(per_call)
     model.stop_training = False
     callback_list.on_train_begin()
     initial_epoch = _compat.initial_epoch_of(model) or initial_epoch
@@ -87,7 +86,6 @@ def fit(
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
-        faults.reset()
         step = 0
         while step < data.steps_per_epoch and not model.stop_training:
             count = min(per_call, data.steps_per_epoch - step)
@@ -98,10 +96,6 @@ def fit(
             callback_list.on_train_batch_end(step - 1, {})
         _faults.wait(strategy, f"epoch {epoch + 1} of fit")
         logs = _read_logs(model)
-        lost = faults.lost_steps()
-        if lost:
-            _faults.report_lost_steps(strategy, lost, epoch)
-            logs["lost_steps"] = lost
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             val_x, val_y, val_w = keras.utils.unpack_x_y_sample_weight(validation_data)
             val_logs = _evaluate_logs(

@@ -64,7 +64,6 @@ class ParameterServerReplicator(tf.distribute.ParameterServerStrategy):
                 resolver=cluster_resolver,
             ),
         )
-        self.lost_steps = 0
         from keras_replicator.parameter_server import _keras
 
         _keras.install()

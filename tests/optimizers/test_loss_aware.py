@@ -3,8 +3,9 @@
 Also where both large-batch optimizers meet the Replicators in `fit`: compression,
 `ReplicaConsistencyCheck` and 2 worker processes (uneven last batch).
 
-The loss reaches the optimizer through `_compat/loss_hook.py` (installed by NLCG)
-and `optimizers/_loss_aware._observe_fit_loss`. With `loss_smoothing=0` the
+The loss reaches the optimizer through the public `optimizer.scale_loss`, which
+Keras' train step calls (NLCG overrides it, `_loss_aware.observe_scaled_loss`;
+nothing is patched). With `loss_smoothing=0` the
 optimizer's loss average after each step *is* the loss it was handed, so the
 tests compare that too, not only the weights. Losses are computed in float64
 (`floatx`), so the global mean of the replicas' means must equal the one-device
@@ -110,6 +111,10 @@ def test_fit_under_a_strategy_hands_the_one_device_loss(
     assert one[2] == many[2] and min(one[2]) < 1.0
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "communication/test_all_reduce.py compressed wire"
+)
 @pytest.mark.parametrize("optimizer", ["nlcg", "neumann"])
 def test_compressed_all_reduce_keeps_replicas_identical(float64, optimizer):
     # bf16 on the wire changes the gradients, not the loss handed to NLCG (its
@@ -131,7 +136,19 @@ def test_compressed_all_reduce_keeps_replicas_identical(float64, optimizer):
 
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("optimizer", ["nlcg", "neumann"])
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        "nlcg",
+        pytest.param(
+            "neumann",
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: "
+                "the same test [nlcg]; test_neumann_resume.py"
+            ),
+        ),
+    ],
+)
 def test_fit_on_two_workers_trains_as_one_device(float64, optimizer):
     num_samples = 101  # the last batch (5) splits unevenly over the workers
     initial = _fit_helpers.model(_fit_helpers.OPTIMIZERS[optimizer]).get_weights()

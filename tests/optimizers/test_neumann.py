@@ -140,7 +140,13 @@ def test_true_weights_round_trip_and_redisplacement():
     _fit_helpers.assert_weights_close([v.numpy() for v in variables], stored, 1e-15)
     optimizer.use_displaced_weights()  # idempotent
     optimizer.use_true_weights()
-    # Not moved back: the next update re-applies the displacement itself.
+    # Not moved back: the next update refuses (its gradient was taken at the true
+    # weights) and changes nothing.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="use_displaced_weights"):
+        optimizer.apply(steps[6], variables)
+    for got, want in zip(variables, reference.true_weights()):
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-12)
+    optimizer.use_displaced_weights()
     for grads in steps[6:]:
         optimizer.apply(grads, variables)
         reference.apply(grads)

@@ -2,7 +2,9 @@
 
 `fit` ends with the true weights; the next `fit` must take its first gradient at
 the displaced ones again, after whatever loaded the state (`load_model`,
-`load_weights`, `BackupAndRestore`), with no callback (issue 33, item 9). The
+`load_weights`, `BackupAndRestore`): `UseTrueWeights` moves back (issue 33, item
+9), and a `fit` that continues without it fails before its first update (issue
+50: no patch of Keras' `CallbackList` does it behind the user's back). The
 uninterrupted run never leaves the displaced weights, so the resumed one differs
 by the rounding of one undo / redo of the displacement.
 """
@@ -73,6 +75,7 @@ class _Interrupt(keras.callbacks.Callback):
 
 def _resumed(route, strategy, dtype, tmp_path, callbacks=()):
     """Epoch 1, then the state carried over `route`, then epoch 2 by `fit`."""
+    callbacks = [UseTrueWeights(), *callbacks]
     x, y = _data(dtype)
     first = _model(strategy, dtype)
     if route == "backup":
@@ -143,12 +146,27 @@ def test_every_route_resumes_exactly(tmp_path, route, num_replicas):
 
 def test_use_true_weights_does_not_displace_twice(tmp_path):
     strategy = _strategy(1)
-    with_callback = _resumed(
+    twice = _resumed(
         "keras", strategy, "float64", tmp_path, callbacks=[UseTrueWeights()]
     )
     (tmp_path / "again").mkdir()
-    without = _resumed("keras", strategy, "float64", tmp_path / "again")
-    for a, b in zip(with_callback.get_weights(), without.get_weights()):
+    once = _resumed("keras", strategy, "float64", tmp_path / "again")
+    for a, b in zip(twice.get_weights(), once.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_a_fit_that_continues_without_use_true_weights_fails_clearly(num_replicas):
+    # Its first gradient would be taken at the true weights: the update refuses
+    # before it changes anything, naming the callback.
+    x, y = _data("float64")
+    net = _model(_strategy(num_replicas), "float64")
+    net.fit(x, y, epochs=1, **FIT)
+    assert not net.optimizer.displaced and net.optimizer.current_mu > 0
+    before = net.get_weights()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="UseTrueWeights"):
+        net.fit(x, y, epochs=2, initial_epoch=1, **FIT)
+    for a, b in zip(net.get_weights(), before):
         np.testing.assert_array_equal(a, b)
 
 

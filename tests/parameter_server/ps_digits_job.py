@@ -129,7 +129,6 @@ print(
             "predict_accuracy": float((predicted.argmax(1) == y_test).mean()),
             "predict_rows": int(len(predicted)),
             "val_accuracy": history.history["val_accuracy"][-1],
-            "lost_steps": strategy.lost_steps,
         }
     ),
     flush=True,

@@ -1,11 +1,12 @@
 """ParameterServerReplicator under failures, with real processes (slow).
 
-A worker SIGKILLed mid-training: the chief finishes, counts the lost steps, and the
-launcher restarts the worker to rejoin. A parameter server SIGKILLed: the chief
-fails with a clear error, and the checkpoint written before is intact. A worker or
-ps SIGSTOPped (hung): the chief fails within KERAS_REPLICATOR_PS_TIMEOUT plus the
-probe, naming the task, and exits; nothing is left running. The probe and the
-timeout setting are also tested without TensorFlow processes (fast).
+A worker SIGKILLed mid-training: the chief finishes (TensorFlow logs the failure and
+re-runs its steps on the others), and the launcher restarts the worker to rejoin. A
+parameter server SIGKILLed: the chief fails with a clear error, and the checkpoint
+written before is intact. A worker or ps SIGSTOPped (hung): the chief fails within
+KERAS_REPLICATOR_PS_TIMEOUT plus the probe, naming the task, and exits; nothing is
+left running. The probe and the timeout setting are also tested without TensorFlow
+processes (fast).
 """
 
 import os
@@ -38,10 +39,11 @@ def test_a_killed_worker_is_rescheduled_around_and_rejoins(tmp_path):
     )
     assert result.ok, result.describe_failure()
     numbers = result_of(result)
-    assert numbers["lost_steps"] > 0, numbers
     assert result.rejoins == 1
     chief = result.workers[result.job_index].output
-    assert "were lost with a failed worker and re-run on the others" in chief
+    # The failure is TensorFlow's to log (our count of its put-back steps, a
+    # patch of its closure queue, is gone: issue 50).
+    assert "/job:worker/replica:0/task:1" in chief and "failed with" in chief
     assert numbers["accuracy"] > 0.9, numbers
 
 

@@ -57,6 +57,9 @@ def test_fit_evaluate_predict_match_one_device(tmp_path):
     assert all(w.returncode == 0 for w in result.workers), result.describe_failure()
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: test_fit_evaluate_predict_match_one_device"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(200)
 def test_fit_evaluate_predict_on_datasets_made_on_the_chief(tmp_path):
@@ -80,6 +83,10 @@ def test_fit_evaluate_predict_on_datasets_made_on_the_chief(tmp_path):
     assert numbers["val_accuracy"] == pytest.approx(numbers["accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_custom_loop.py's tutorial, test_steps.py"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(200)
 def test_the_tutorials_fit_runs_and_counts_every_scheduled_step(tmp_path):
