@@ -298,6 +298,10 @@ RESUME_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: launch/test_launcher.py "
+    "kill_mid_epoch_restart_resumes_exactly"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(400)
 @pytest.mark.filterwarnings("ignore:Skipping variable loading for optimizer")

@@ -49,7 +49,12 @@ def _data():
 LOSSLESS = [
     kr.AllReduceOptions(),
     kr.AllReduceOptions(bucket_mb=0),
-    kr.AllReduceOptions(bucket_mb=0.0005),
+    pytest.param(
+        kr.AllReduceOptions(bucket_mb=0.0005),
+        marks=pytest.mark.slow(
+            reason="covered in the default run by: the same test [default], [one-pack]"
+        ),
+    ),
 ]
 
 
@@ -66,7 +71,19 @@ def test_lossless_options_train_to_the_one_device_weights(float64, options):
         np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("compression, tolerance", [("bf16", 2e-2), ("fp16", 2e-3)])
+@pytest.mark.parametrize(
+    "compression, tolerance",
+    [
+        pytest.param(
+            "bf16",
+            2e-2,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [fp16-0.002]"
+            ),
+        ),
+        ("fp16", 2e-3),
+    ],
+)
 def test_compressed_wire_stays_close_to_one_device(compression, tolerance):
     x, y = _data()
     keras.utils.set_random_seed(0)

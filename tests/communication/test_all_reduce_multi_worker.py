@@ -19,7 +19,15 @@ pytestmark = pytest.mark.multi_worker
             1e-10,
             marks=pytest.mark.slow,
         ),
-        ({"compression": "bf16", "transport": "collective"}, "collective", 0),
+        pytest.param(
+            {"compression": "bf16", "transport": "collective"},
+            "collective",
+            0,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test "
+                "[default-is-the-ring]"
+            ),
+        ),
         pytest.param(  # rows from the machines: one here, so the flat ring
             {"hierarchy": "local_then_global", "bucket_mb": 0.0005},
             "socket",
@@ -52,6 +60,9 @@ def test_the_default_falls_back_to_the_collectives_on_every_worker_together():
         np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: conformance multi-worker-2 run_eagerly"
+)
 @pytest.mark.timeout(240)
 def test_eager_fit_trains_on_two_workers_like_one_device():
     # `fit(run_eagerly=True)` failed on the ring: eagerly, `tf.numpy_function`

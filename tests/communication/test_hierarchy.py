@@ -68,6 +68,9 @@ def test_hierarchies_train_to_the_one_device_weights_float64(
         np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: the same hierarchies in float64"
+)
 @pytest.mark.parametrize(
     "options",
     [

@@ -13,7 +13,12 @@ import pytest
 
 from tests.communication._options_training import one_device, train_on_workers
 
-pytestmark = pytest.mark.multi_worker
+pytestmark = [
+    pytest.mark.multi_worker,
+    pytest.mark.slow(
+        reason="covered in the default run by: test_hierarchy.py, in process"
+    ),
+]
 
 
 def _check(options, num_workers):

@@ -93,7 +93,20 @@ def test_a_top_down_bmp_has_a_positive_height():
     assert decoded.shape[:2] == (5, 9)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(
+            kind,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [png]"
+            ),
+        )
+        if kind == "jpeg"
+        else kind
+        for kind in KINDS
+    ],
+)
 def test_images_over_max_pixels_raise_naming_the_record_and_the_budget(tmp_path, kind):
     small = encode(np.full([30, 40, 3], 90, np.uint8), kind)
     large = encode(np.full([40, 41, 3], 90, np.uint8), kind)

@@ -436,6 +436,10 @@ TWO_WORKERS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_two_input_pipelines_read_disjoint_files_covering_the_dataset"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 def test_two_workers_read_disjoint_shards_and_fit(shards):

@@ -155,6 +155,9 @@ def test_two_replica_update_matches_one_device(d4pg):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: test_two_replica_update_matches_one_device"
+)
 def test_train_runs_on_two_replicas(d4pg):
     config = d4pg.D4PGConfig(
         batch_size=16,

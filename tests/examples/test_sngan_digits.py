@@ -4,6 +4,11 @@ import importlib.util
 import pathlib
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow(
+    reason="covered in the default run by: clients kerasio_gan_without_call"
+)
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "sngan_digits.py"
 

@@ -4,6 +4,11 @@ import importlib.util
 import pathlib
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow(
+    reason="covered in the default run by: spatial/test_unet.py"
+)
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "spatial_segmentation.py"
 

@@ -211,6 +211,10 @@ def _fit_on_a_worker(initial):
     return results
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "conformance multi-worker-2 gradient_accumulation"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 def test_two_workers_accumulate_locally_and_match_one_device(float64):

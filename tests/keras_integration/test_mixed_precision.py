@@ -108,6 +108,10 @@ def _train_on_a_worker():
     return _train(kr.MultiWorkerReplicator(collective_timeout=15))
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "conformance multi-worker-2 mixed_float16_overflow"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 def test_an_overflow_on_one_worker_skips_the_step_on_both():

@@ -18,7 +18,13 @@ import pytest
 from keras_replicator.launch import run_workers
 from tests.keras_integration import _transformer
 
-pytestmark = pytest.mark.multi_worker
+pytestmark = [
+    pytest.mark.multi_worker,
+    pytest.mark.slow(
+        reason="covered in the default run by: "
+        "conformance multi-worker-2 transformer_embeddings"
+    ),
+]
 
 _SCRIPT = textwrap.dedent(
     """

@@ -170,6 +170,10 @@ def test_slurm_mode_outside_srun_explains_how_to_run():
         plan_cluster(LaunchOptions(cluster="slurm"), {"PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_slurm_mode_resolves_this_tasks_tf_config"
+)
 def test_two_slurm_tasks_launch_one_worker_each():
     base = _consecutive_free_ports(2)
     code = "import os, json; print(json.loads(os.environ['TF_CONFIG'])['task'])"

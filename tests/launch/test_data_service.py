@@ -141,6 +141,10 @@ TRAIN_FROM_SERVICE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "data/test_service.py (the service, in process)"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(420)
 def test_launched_workers_train_from_the_service_and_share_each_epoch(tmp_path):

@@ -32,7 +32,13 @@ OPTIMIZERS = {
     "name, replicas",
     [
         ("lars", 2),
-        ("lamb", 2),
+        pytest.param(
+            "lamb",
+            2,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [lars-2]"
+            ),
+        ),
         pytest.param("lars", 4, marks=pytest.mark.slow),
         pytest.param("lamb", 4, marks=pytest.mark.slow),
     ],

@@ -67,7 +67,21 @@ def sharded_run(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("replicas, shard", [(1, False), (4, True), (2, False)])
+@pytest.mark.parametrize(
+    "replicas, shard",
+    [
+        (1, False),
+        pytest.param(
+            4,
+            True,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [1-False], "
+                "[2-False]"
+            ),
+        ),
+        (2, False),
+    ],
+)
 def test_a_keras_file_continues_anywhere(sharded_run, replicas, shard):
     strategy = t.strategy(replicas, shard)
     floatx = keras.config.floatx()

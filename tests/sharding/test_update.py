@@ -59,7 +59,13 @@ def _run(name, replicas, shard):
     "name, replicas",
     [
         ("sgd_momentum", 2),
-        ("adam", 4),
+        pytest.param(
+            "adam",
+            4,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test's other cases"
+            ),
+        ),
         pytest.param("sgd_momentum", 4, marks=pytest.mark.slow),
         pytest.param("adam", 2, marks=pytest.mark.slow),
     ],

@@ -55,7 +55,15 @@ def max_difference(a, b):
 
 LAYOUTS = [  # (replicas, parts, batch norm): spatial x data parallel
     (2, 2, "plain"),
-    (4, 2, "sync_all"),
+    pytest.param(
+        4,
+        2,
+        "sync_all",
+        marks=pytest.mark.slow(
+            reason="covered in the default run by: the same test [2-2-plain] and the "
+            "other cases"
+        ),
+    ),
     pytest.param(4, 4, "plain", marks=pytest.mark.slow),
 ]
 
@@ -77,6 +85,10 @@ def test_five_fit_steps_give_the_weights_of_one_device(
     assert max_difference(plain.get_weights(), conv_net(batch_norm).get_weights()) > 0
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_five_fit_steps_give_the_weights_of_one_device"
+)
 def test_five_float32_fit_steps_stay_within_1e_5_of_one_device(strategies):
     # float32: the tiles sum in another order than the whole image, so the
     # weights agree to float32 rounding, not bit for bit.
@@ -126,6 +138,10 @@ def test_evaluate_and_predict_take_whole_images(float64, strategies):
     )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: spatial/test_unet.py (a segmentation map, "
+    "tiled and stitched)"
+)
 def test_image_shaped_outputs_are_tiled_and_stitched(float64, strategies):
     keras.utils.set_random_seed(2)
     inputs = keras.Input((HEIGHT, WIDTH, 2))

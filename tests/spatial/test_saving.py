@@ -69,6 +69,10 @@ def test_weights_files_are_the_unpartitioned_models(float64, strategies, tmp_pat
     assert max_difference(other.get_weights(), uninterrupted.get_weights()) < 1e-10
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_weights_files_are_the_unpartitioned_models"
+)
 def test_a_model_compiled_after_partition_saves_its_optimizer(
     float64, strategies, tmp_path
 ):

@@ -26,7 +26,19 @@ class _Built:
 
 
 @pytest.mark.parametrize("check", CHECK_NAMES)
-@pytest.mark.parametrize("factory", ["multi-device-2", "multi-device-4"])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        "multi-device-2",
+        pytest.param(
+            "multi-device-4",
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same checks on "
+                "multi-device-2 and multi-worker-2"
+            ),
+        ),
+    ],
+)
 def test_local_strategy_passes(factory, check):
     [result] = run_checks_here(_Built(_strategy(factory)), [check])
     assert result.passed, result.detail
