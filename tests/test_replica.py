@@ -258,6 +258,10 @@ MISMATCH_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: strategies/test_multi_worker.py::"
+    "test_a_dead_peer_is_an_error_not_a_hang"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 def test_a_skipped_collective_times_out_instead_of_hanging():

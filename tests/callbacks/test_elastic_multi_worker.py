@@ -108,7 +108,14 @@ def _stamp(output, word):
 @pytest.mark.parametrize(
     "which",
     [
-        "ours",  # the socket ring, in the default run (about 45 s)
+        pytest.param(
+            "ours",
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: launch/test_elastic.py "
+                "(shrink and grow with real processes), sharding/test_multi_worker.py "
+                "(resume on another worker count)"
+            ),
+        ),
         pytest.param("sharded", marks=pytest.mark.slow),  # shard_weight_update
         pytest.param("collective", marks=pytest.mark.slow),  # TF's collectives
     ],

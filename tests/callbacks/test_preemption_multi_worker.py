@@ -80,7 +80,15 @@ def _stamp(output, word):
         # both stop after batch 3. In an epoch's last step (batch 5) it is read
         # at the epoch's end: both stop after it.
         ("ours", [1, 2, 1], (1, 3)),
-        ("ours", [0, 5, 0], (0, 5)),
+        pytest.param(
+            "ours",
+            [0, 5, 0],
+            (0, 5),
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test "
+                "[ours-validated-signal_at2-stop_at2] (the same epoch-end signal)"
+            ),
+        ),
         # ... before `fit`'s validation, which resets the metrics the backup
         # keeps (the epoch's training sums, not the validation's).
         ("ours-validated", [0, 5, 0], (0, 5)),

@@ -102,6 +102,10 @@ def _digest(weights) -> str:
     ).hexdigest()
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: test_ring_grid.py (rows and columns "
+    "across machines, workers as threads), test_shared_memory_multi_worker.py"
+)
 def test_four_workers_on_two_machines_train_like_one_device():
     reason = simulated.unavailable_reason()
     if reason is not None:
