@@ -18,7 +18,7 @@ agreement's own cost, without the step's noise (the eager all-reduce waited ther
 Printed: ms/step and ms in the callback of each arm on worker 0, and the agreement's
 cost (with − without, in ms and as a ratio). Issue 48, item 14: the agreement
 used to be an eager 4-byte all-reduce and a `.numpy()` after every batch; it now
-rides the step's log all-reduce (`keras_replicator/_preemption.py`). To compare
+rides the step's log all-reduce (`keras_replicator/_worker/preemption.py`). To compare
 with an older checkout, run this script with `PYTHONPATH` pointing at it (the
 workers inherit the environment).
 """
