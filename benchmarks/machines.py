@@ -70,7 +70,7 @@ def worker(sizes_mb, fit: bool) -> None:
     from keras_replicator._replicator_state import replicator_state
 
     strategy = kr.MultiWorkerReplicator()
-    ring = replicator_state(strategy).transport
+    ring = replicator_state(strategy).transport.ring
     result = {"ring": type(ring).__name__, "all_reduce_s": {}}
     for size in sizes_mb:
         values = np.ones(int(size * 1e6) // 4, np.float32)

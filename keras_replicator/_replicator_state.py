@@ -1,12 +1,12 @@
 """What the library knows about a strategy: one typed object, one accessor.
 
 Our strategies subclass TensorFlow's, and Keras, `_compat`'s patches and half the
-packages ask them questions: which all-reduce options and transport, the
-collective timeout, whether they span workers, the hierarchy's instance-key
-counters, cached step functions. That state used to be stamped on the strategy
-(and on optimizers) as `_kr_*` attributes with `setattr` and read back with
-`getattr` from six packages. It now lives in one `ReplicatorState` per strategy,
-registered by our strategies' constructors and read with `replicator_state`.
+packages ask them questions: which transport (with its all-reduce options,
+collective timeout and keys), whether they span workers, cached step functions. That
+state used to be stamped on the strategy (and on optimizers) as `_kr_*` attributes
+with `setattr` and read back with `getattr` from six packages. It now lives in one
+`ReplicatorState` per strategy, registered by our strategies' constructors and read
+with `replicator_state`.
 
 The state is held by the strategy itself, in the one attribute our strategies'
 constructors set (`register`), so it lives and dies with its strategy: a global
@@ -70,12 +70,15 @@ class SampleCount:
 class ReplicatorState:
     """Everything the library keeps about one strategy.
 
+    Two kinds of state, apart: how the replicas communicate (`transport`: the
+    options, the ring or the collectives, their timeout and keys, all in one
+    object built by the constructor), and what the strategy runs with and
+    remembers between steps (the rest).
+
     Attributes:
-        options: The resolved `kr.AllReduceOptions` (`transport` chosen), or None
-            (a `ParameterServerReplicator`: no all-reduce).
-        transport: The socket ring the strategy opened (`communication/ring`), or
-            None: TensorFlow's collectives.
-        collective_timeout: Seconds a collective waits for its peers, or None.
+        transport: The strategy's one `communication._transport.Transport`
+            (its `options` are the resolved `kr.AllReduceOptions`), or None (a
+            `ParameterServerReplicator`: no all-reduce).
         is_multi_worker: Whether the strategy spans several worker processes.
         is_parameter_server: A `ParameterServerReplicator` (asynchronous; not a
             synchronous Replicator, so Keras' steps are not rerouted).
@@ -87,8 +90,6 @@ class ReplicatorState:
         nccl: Whether the collectives may run NCCL: GPU replicas, each on a
             GPU of its own (not logical GPUs split from one, nor GPUs the
             launcher made workers share), or None (`_platform.nccl_usable`).
-        hierarchy: The hierarchical all-reduce's counters and ordering tokens
-            (`communication/_hierarchy`), made on first use.
         step_functions: Compiled `run_steps` loops, by their arguments.
         sample_counts: Declared sample counts by replica (the one side channel of
             the step: see `keras_integration/_sample_count`).
@@ -98,16 +99,15 @@ class ReplicatorState:
             sets this back to 0.
     """
 
-    options: Any = None
+    # A `Transport`, typed where it is read (`_strategy_transport.transport_for`):
+    # this module stays a leaf, even for the type checker's imports.
     transport: Any = None
-    collective_timeout: float | None = None
     is_multi_worker: bool = False
     is_parameter_server: bool = False
     partitioner: Any = None
     resolver: Any = None
     platform: str | None = None
     nccl: bool | None = None
-    hierarchy: Any = None
     step_functions: dict = dataclasses.field(default_factory=dict)
     sample_counts: dict = dataclasses.field(default_factory=dict)
     resume_batches: int = 0

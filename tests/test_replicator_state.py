@@ -14,6 +14,7 @@ import tensorflow as tf
 import keras_replicator as kr
 from keras_replicator import _compat
 from keras_replicator._replicator_state import ReplicatorState, replicator_state
+from keras_replicator.communication._collective_transport import CollectiveTransport
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_replicator"
 
@@ -38,8 +39,10 @@ def test_training_stamps_no_attribute_on_the_strategy_or_the_optimizer():
     assert _stamped(optimizer) == []
     state = replicator_state(strategy)
     assert isinstance(state, ReplicatorState)
-    assert state.options == strategy.all_reduce_options
-    assert state.options.transport == "collective"
+    # The communication state is the one transport object, apart from the run state.
+    assert isinstance(state.transport, CollectiveTransport)
+    assert state.transport.options == strategy.all_reduce_options
+    assert state.transport.options.transport == "collective"
     assert not state.is_multi_worker and not state.is_parameter_server
     assert len(state.step_functions) == 1
 

@@ -22,7 +22,6 @@ _TF_TRAINER = "keras.src.backend.tensorflow.trainer.TensorFlowTrainer"
 _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer.TFOptimizer"
 _BASE_OPTIMIZER = "keras.src.optimizers.base_optimizer.BaseOptimizer"
 _LOSS_SCALE = "keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer"
-_BACKUP = "keras.src.callbacks.backup_and_restore.BackupAndRestore"
 _TF_VARIABLE = "keras.src.backend.tensorflow.core.Variable"
 _STEPS = "keras-team/keras#20585, #21172; tensorflow/tensorflow#72388"
 _CHIEF = "tensorflow/tensorflow#38635, #31070 (Keras has no chief)"
@@ -94,7 +93,7 @@ PATCHES: tuple[Patch, ...] = (
         _KERAS,
         "digest",
         _NONE,
-        "no hook to weigh replicas by their sample counts",
+        "no hook to weigh replicas by their sample counts or shard the update",
     ),
     *_patches(
         _BASE_OPTIMIZER,
@@ -142,17 +141,8 @@ PATCHES: tuple[Patch, ...] = (
         "same lazy build, in LossScaleOptimizer's own apply (issue 22)",
     ),
     *_patches(
-        _BASE_OPTIMIZER,
-        ("save_own_variables", "load_own_variables"),
-        "optimizer",
-        _KERAS,
-        "digest",
-        _NONE + " (Keras shards optimizer state only on JAX)",
-        "sharded slots are saved whole, as one device's",
-    ),
-    *_patches(
         _TF_OPTIMIZER,
-        ("add_variable_from_reference", "_backend_update_step"),
+        ("add_variable_from_reference",),
         "optimizer",
         _KERAS,
         "digest",
@@ -178,15 +168,6 @@ PATCHES: tuple[Patch, ...] = (
         "gradient_accumulation_steps: merge_call inside a cond branch fails",
     ),
     *_patches(
-        "keras.src.trainers.data_adapters.tf_dataset_adapter.TFDatasetAdapter",
-        ("num_batches",),
-        "data",
-        _KERAS,
-        "weak",
-        _NONE,
-        "unequal worker shards stop workers after different step counts",
-    ),
-    *_patches(
         "keras.src.backend.tensorflow.trainer.TFEpochIterator",
         ("__init__",),
         "data",
@@ -194,15 +175,6 @@ PATCHES: tuple[Patch, ...] = (
         "digest",
         _NONE,
         "one replica per worker pays the distributed iterator's per-step costs",
-    ),
-    *_patches(
-        "keras.src.backend.tensorflow.trainer.TFEpochIterator",
-        ("_enumerate_iterator",),
-        "data",
-        _KERAS,
-        "digest",
-        "keras-team/keras#15711 (closed unmerged: fit resumes epochs, not steps)",
-        "a mid-epoch backup would restart its epoch, not resume mid-epoch",
     ),
     *_patches(
         "keras.src.saving.saving_lib",
@@ -232,37 +204,15 @@ PATCHES: tuple[Patch, ...] = (
         "every worker exports to the user's path",
     ),
     *_patches(
-        "keras.src.callbacks.model_checkpoint.ModelCheckpoint",
-        ("_save_model",),
+        "keras.src.callbacks.callback_list.CallbackList",
+        ("set_model",),
         "saving",
         _KERAS,
         "digest",
         _CHIEF,
-        "unguarded makedirs and writes on every worker",
-    ),
-    *_patches(
-        _BACKUP,
-        (
-            "on_train_begin",
-            "on_epoch_begin",
-            "on_epoch_end",
-            "on_train_batch_end",
-            "on_train_end",
-        ),
-        "saving",
-        _KERAS,
-        "digest",
-        _CHIEF,
-        "torn backups (weights, then epoch, in place) on every worker",
-    ),
-    *_patches(
-        "keras.src.callbacks.tensorboard.TensorBoard",
-        ("set_model", "on_train_end"),
-        "saving",
-        _KERAS,
-        "digest",
-        _CHIEF,
-        "non-chiefs log to scratch, removed when training ends",
+        "stock ModelCheckpoint, BackupAndRestore, TensorBoard write on every worker "
+        "(unguarded makedirs, torn in-place backups, N event files): each one "
+        "given to fit is routed, per instance",
     ),
     *_patches(
         _TF_TRAINER,

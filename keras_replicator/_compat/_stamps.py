@@ -31,10 +31,25 @@ STAMPS: tuple[Stamp, ...] = (
         "TF's per-object checkpoint protocol: a piece saves as the whole slot",
     ),
     Stamp(
-        "_track_variable",
-        "keras.optimizers.Optimizer (shadowed during one add_variable)",
-        "_compat/optimizer.py add_variable_prepared",
-        "a deferred checkpoint restore must wait until the slot is set up",
+        "_save_model",
+        "keras.callbacks.ModelCheckpoint (each instance fit is given)",
+        "_compat/saving.py _patch_stock_callbacks",
+        "the chief writes, atomically (with BackupAndRestore's and TensorBoard's "
+        "public events, routed per instance: their classes stay Keras' own)",
+    ),
+    Stamp(
+        "_num_batches, reset",
+        "keras' TFEpochIterator (each one our multi-worker strategies' fit builds "
+        "over a dataset they distributed)",
+        "_compat/data.py _forget_length",
+        "unequal worker shards would stop workers after different step counts",
+    ),
+    Stamp(
+        "_enumerate_iterator",
+        "keras' TFEpochIterator (each one our strategies' fit builds)",
+        "_compat/data.py _resuming",
+        "resume mid-epoch after a backup (keras-team/keras#15711, closed "
+        "unmerged: fit resumes epochs, not steps); Keras' class stays its own",
     ),
     Stamp(
         "_initial_epoch",

@@ -1,6 +1,7 @@
 """tf.data / distributed-dataset internals: the epoch length, how `fit` is fed.
 
-See `_patch_distributed_dataset_length` and `_patch_epoch_iterator` for why;
+See `_patch_epoch_iterator` (and the per-iterator `_forget_length`, `_resuming`)
+for why;
 `worker_dataset` and `dataset_op_types` read what no public API exposes.
 """
 
@@ -10,17 +11,12 @@ import inspect
 
 import tensorflow as tf
 
-from keras_replicator._compat._patching import (
-    changed_digests,
-    replace,
-    replace_property_getter,
-    unpatched,
-)
+from keras_replicator._compat._patching import changed_digests, replace, unpatched
 from keras_replicator._compat.strategy import in_multi_worker_mode, is_replicator
 
 # Source digests of Keras' epoch iterator constructor, which `_patch_epoch_iterator`
 # stands in for under our strategies, and of the epoch's enumeration, which
-# `_patch_resume_mid_epoch` wraps (keras==3.15.1; the same on 3.14.1).
+# `_resuming` wraps (keras==3.15.1; the same on 3.14.1).
 DIGESTS = {
     "TFEpochIterator.__init__": "901af2700297156f",
     "TFEpochIterator._enumerate_iterator": "376e3e16a928107a",  # EpochIterator's
@@ -69,9 +65,7 @@ def install(hooks) -> None:
     """Makes a distributed dataset's length unknown to Keras across workers,
     lets `hooks.input_for_fit` choose what Keras' epoch iterator iterates, and
     `hooks.take_resume_batches` where its first epoch starts."""
-    _patch_distributed_dataset_length()
     _patch_epoch_iterator(hooks)
-    _patch_resume_mid_epoch(hooks)
 
 
 def worker_dataset(distributed):
@@ -128,67 +122,75 @@ def _patch_epoch_iterator(hooks):
             EpochIterator.__init__(self, *args, **kwargs)
             self._distribute_strategy = distribute_strategy
             adapter = self.data_adapter
+            if _length_unknown_across_workers(adapter):
+                _forget_length(self)
             self._distributed_dataset = hooks.input_for_fit(
                 distribute_strategy,
                 adapter.get_tf_dataset(),
-                adapter.num_batches,
+                self._num_batches,
                 may_read_files=isinstance(adapter, TFDatasetAdapter),
             )
+            # This iterator's own enumeration (not the class's): see `_resuming`.
+            self._enumerate_iterator = _resuming(self, hooks)
 
         return __init__
 
     replace(_tf_trainer.TFEpochIterator, "__init__", fed_by_hooks)
 
 
-def _patch_resume_mid_epoch(hooks):
-    # A mid-epoch backup (a preemption, an integer save_freq) resumes there
-    # (issue 38). Keras' `fit`
-    # has an initial epoch but no initial step, so the batches of the first epoch
-    # that the backup already trained on are read and dropped here: the data
-    # position stays exact, and the steps (and the callbacks' batch numbers)
-    # count on from there. Under our strategies only; once per resume.
-    from keras.src.backend.tensorflow import trainer as _tf_trainer
+def _resuming(iterator, hooks):
+    """`iterator`'s epoch enumeration, resuming where a mid-epoch backup was made.
 
-    def skipping(original):
-        def _enumerate_iterator(self):
-            skip = 0
-            if is_replicator(self._distribute_strategy):
-                skip = hooks.take_resume_batches(self._distribute_strategy)
-            for begin_step, end_step, iterator in original(self):
-                if end_step < skip:  # trained on before the backup
-                    try:
-                        for _ in range(end_step - begin_step + 1):
-                            next(iterator)
-                    except (StopIteration, tf.errors.OutOfRangeError):
-                        return  # the backup was at the epoch's last batch
-                    continue
-                yield begin_step, end_step, iterator
+    A mid-epoch backup (a preemption, an integer save_freq) resumes there (issue
+    38). Keras' `fit` has an initial epoch but no initial step, so the batches of
+    the first epoch that the backup already trained on are read and dropped
+    here: the data position stays exact, and the steps (and the callbacks' batch
+    numbers) count on from there. Once per resume; set on the epoch iterators
+    our strategies build (`_patch_epoch_iterator`), so Keras' class stays its own.
+    """
+    original = type(iterator)._enumerate_iterator
 
-        return _enumerate_iterator
+    def _enumerate_iterator():
+        skip = hooks.take_resume_batches(iterator._distribute_strategy)
+        for begin_step, end_step, data in original(iterator):
+            if end_step < skip:  # trained on before the backup
+                try:
+                    for _ in range(end_step - begin_step + 1):
+                        next(data)
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    return  # the backup was at the epoch's last batch
+                continue
+            yield begin_step, end_step, data
 
-    replace(_tf_trainer.TFEpochIterator, "_enumerate_iterator", skipping)
+    return _enumerate_iterator
 
 
-def _patch_distributed_dataset_length():
-    # A distributed dataset's `cardinality` is this worker's count of batches. Keras
-    # takes it as the epoch length, so with unequal worker shards the workers stop
-    # after different numbers of steps and their collectives mismatch ("Collective
-    # instance ... expected data_type 9 but got data_type 1"). Across workers the
-    # length is unknown to Keras; the iterator's end is synchronised across workers
-    # (TF pads exhausted workers with empty batches), so iterate until it.
-    from keras.src.trainers.data_adapters import tf_dataset_adapter
+def _length_unknown_across_workers(adapter) -> bool:
+    """Whether `adapter` reads a dataset distributed by one of our multi-worker
+    strategies, whose length Keras must not take from this worker's shard."""
+    dataset = getattr(adapter, "_dataset", None)
+    if not isinstance(dataset, tf.distribute.DistributedDataset):
+        return False
+    strategy = getattr(dataset, "_strategy", None)
+    return is_replicator(strategy) and in_multi_worker_mode(strategy)
 
-    def unknown_across_workers(original):
-        def num_batches(self):
-            dataset = self._dataset
-            if isinstance(dataset, tf.distribute.DistributedDataset):
-                strategy = getattr(dataset, "_strategy", None)
-                if is_replicator(strategy) and in_multi_worker_mode(strategy):
-                    return None
-            return original(self)
 
-        return num_batches
+def _forget_length(iterator) -> None:
+    """Makes `iterator`'s epoch length unknown, now and after every `reset`.
 
-    replace_property_getter(
-        tf_dataset_adapter.TFDatasetAdapter, "num_batches", unknown_across_workers
-    )
+    A distributed dataset's `cardinality` is this worker's count of batches.
+    Keras takes it as the epoch length (`TFDatasetAdapter.num_batches`), so with
+    unequal worker shards the workers stop after different numbers of steps and
+    their collectives mismatch ("Collective instance ... expected data_type 9 but
+    got data_type 1"). Across workers the iterator's end is synchronised (TF pads
+    exhausted workers with empty batches), so the epoch runs until it. Set on the
+    epoch iterators our strategies build: Keras' adapter class stays its own.
+    """
+    stock_reset = iterator.reset
+
+    def reset():
+        stock_reset()
+        iterator._num_batches = None
+
+    iterator._num_batches = None
+    iterator.reset = reset

@@ -37,6 +37,8 @@ DIGESTS = {
     # is mirrored by `sharding/_slots.add_piece_slot`.
     "TFOptimizer.add_variable_from_reference": "fa3499082002f562",
     "BaseOptimizer.add_variable_from_reference": "00c77a731b5a12c9",
+    # Not replaced: a sharded slot (`sharding/_saving.PieceSlot`) is saved and
+    # loaded whole because these call its public `numpy()` and `assign()`.
     "BaseOptimizer.save_own_variables": "5c789905e2679bf5",
     "BaseOptimizer.load_own_variables": "a6e0c5e7e88c4d33",
 }
@@ -103,11 +105,44 @@ def check_upstream() -> dict[str, str]:
     add = inspect.getsource(_base_optimizer.BaseOptimizer.add_variable)
     if "self._track_variable(variable)" not in add:
         changed["BaseOptimizer.add_variable"] = (
-            "no longer tracks through `_track_variable` (add_variable_prepared)"
+            "no longer tracks through `_track_variable` (track_variable)"
         )
     build = inspect.getsource(_base_optimizer.BaseOptimizer.build)
     if "self._trainable_variables = variables[:]" not in build:
         changed["BaseOptimizer.build"] = "no longer sets `_trainable_variables`"
+    changed.update(_check_sharded_routes())
+    return changed
+
+
+def _check_sharded_routes() -> dict[str, str]:
+    # Weight-update sharding runs its update where Keras all-reduces, and Keras'
+    # per-variable update then runs over the pairs the all-reduce returned
+    # (none); its slots are saved through their own `numpy()` / `assign()`.
+    changed = {}
+    tf_optimizer = _tf_optimizer.TFOptimizer
+    update = inspect.getsource(unpatched(tf_optimizer._backend_update_step))
+    if "grads_and_vars = self._all_reduce_sum_gradients(grads_and_vars)" not in (
+        update
+    ):
+        changed["TFOptimizer._backend_update_step: all-reduce"] = (
+            "no longer updates from what `_all_reduce_sum_gradients` returns"
+        )
+    per_variable = inspect.getsource(tf_optimizer._distributed_tf_update_step)
+    if "for grad, var in grads_and_vars:" not in per_variable:
+        changed["TFOptimizer._distributed_tf_update_step"] = (
+            "no longer updates exactly the pairs it is given"
+        )
+    base = _base_optimizer.BaseOptimizer
+    save = inspect.getsource(unpatched(base.save_own_variables))
+    if "store[str(i)] = variable.numpy()" not in save:
+        changed["BaseOptimizer.save_own_variables: numpy"] = (
+            "no longer writes `variable.numpy()` (sharding/_saving.PieceSlot)"
+        )
+    load = inspect.getsource(unpatched(base.load_own_variables))
+    if "variable.assign(store[str(i)])" not in load:
+        changed["BaseOptimizer.load_own_variables: assign"] = (
+            "no longer loads through `variable.assign` (sharding/_saving.PieceSlot)"
+        )
     return changed
 
 
@@ -142,7 +177,7 @@ def install(hooks) -> None:
     _patch_gradient_all_reduce(hooks)
     _patch_optimizer_loss_scaling(hooks)
     _patch_lazy_optimizer_build(hooks)
-    _patch_sharded_update(hooks)
+    _patch_sharded_slots(hooks)
 
 
 def optimizer_variable_index(optimizer, variable) -> int:
@@ -192,25 +227,15 @@ def alias_variable(optimizer, alias, variable) -> None:
     optimizer._trainable_variables_indices[optimizer._var_key(alias)] = index
 
 
-def add_variable_prepared(optimizer, prepare, **kwargs):
-    """`optimizer.add_variable(**kwargs)`, calling `prepare(variable)` before
-    Keras tracks it.
+def track_variable(optimizer, variable) -> None:
+    """Adds `variable` to `optimizer.variables`, as `add_variable` does.
 
-    TensorFlow restores a deferred `tf.train.Checkpoint` value into an optimizer
-    variable the moment Keras tracks it (`_track_variable` appends it to the
-    tracked `_variables` list); a variable that saves and restores itself its
-    own way must be set up before that. Keras has no public hook between
-    creating and tracking.
+    Keras' `add_variable` creates a `keras.Variable` and tracks it
+    (`_track_variable`); a slot of our own `keras.Variable` subclass (weight-update
+    sharding's `PieceSlot`) is created by us and tracked the same way. Keras has
+    no public method that tracks a variable it did not create.
     """
-    created = []
-    optimizer._track_variable = created.append  # shadows the method, briefly
-    try:
-        variable = optimizer.add_variable(**kwargs)
-    finally:
-        del optimizer._track_variable
-    prepare(variable)
     optimizer._track_variable(variable)
-    return variable
 
 
 def remove_alias(optimizer, alias) -> None:
@@ -289,9 +314,22 @@ def _patch_gradient_all_reduce(hooks):
     # Keras sums replica gradients in `TFOptimizer._all_reduce_sum_gradients` and
     # offers no hook to change how (keras_integration/_gradients.py: the
     # reduction rule).
+    #
+    # Weight-update sharding (issue 24) replaces the all-reduce itself: a
+    # reduce-scatter, each replica's `update_step` on its pieces, an all-gather
+    # into the whole variables (`sharding/_update.py`). Keras' TF
+    # `_backend_update_step` is the all-reduce, then one `update_step` per pair it
+    # returned; the sharded update returns none, so nothing is updated twice.
+    # The learning rate is the one Keras passes on (`self.learning_rate`, both
+    # paths of `_backend_apply_gradients`; `_check_update_step_hook`).
 
     def all_reduce(original):
         def _all_reduce_sum_gradients(self, grads_and_vars):
+            if hooks.shards_weight_update(self):
+                grads = [g for g, _ in grads_and_vars]
+                variables = [v for _, v in grads_and_vars]
+                hooks.sharded_update_step(self, grads, variables, self.learning_rate)
+                return []
             reduced = hooks.all_reduce_gradients(self, grads_and_vars)
             if reduced is None:
                 return original(self, grads_and_vars)
@@ -326,14 +364,15 @@ def _patch_lazy_optimizer_build(hooks):
     replace(_loss_scale_optimizer.LossScaleOptimizer, "apply", build_first)
 
 
-def _patch_sharded_update(hooks):
-    # Weight-update sharding (issue 24) keeps one piece of each slot per replica
-    # and runs each update on a piece. Keras makes slots "like" a variable in
-    # `add_variable_from_reference` and runs every update through the TF
-    # optimizer's `_backend_update_step` (all-reduce, then per-variable
-    # `update_step`); neither has a public hook, and Keras 3 shards optimizer
-    # state only on JAX (`keras.distribution`). Both answer stock unless the
-    # optimizer's strategy is a Replicator built with `shard_weight_update=True`.
+def _patch_sharded_slots(hooks):
+    # Weight-update sharding (issue 24) keeps one piece of each slot per replica.
+    # Keras makes slots "like" a variable in `add_variable_from_reference`, from
+    # each optimizer's `build` (which users and `compile_from_config` call
+    # directly), with no public hook; Keras 3 shards optimizer state only on JAX
+    # (`keras.distribution`). It answers stock unless the optimizer's strategy is
+    # a Replicator built with `shard_weight_update=True`. The update and the
+    # saving need no patch: see `_patch_gradient_all_reduce` and
+    # `sharding/_saving.PieceSlot`.
     def slot(original):
         def add_variable_from_reference(
             self, reference_variable, name=None, initializer="zeros"
@@ -345,37 +384,4 @@ def _patch_sharded_update(hooks):
 
         return add_variable_from_reference
 
-    def update(original):
-        def _backend_update_step(self, grads, trainable_variables, learning_rate):
-            if hooks.shards_weight_update(self):
-                return hooks.sharded_update_step(
-                    self, grads, trainable_variables, learning_rate
-                )
-            return original(self, grads, trainable_variables, learning_rate)
-
-        return _backend_update_step
-
-    # Saving: Keras writes `optimizer.variables` as they are; a sharded slot is
-    # written whole (gathered) and loaded by cutting it into pieces, so files
-    # stay those of an unsharded run.
-    def save(original):
-        def save_own_variables(self, store):
-            values = hooks.sharded_values_to_save(self)
-            if values is None:
-                return original(self, store)
-            for i, value in enumerate(values):
-                store[str(i)] = value
-
-        return save_own_variables
-
-    def load(original):
-        def load_own_variables(self, store):
-            if not hooks.load_sharded(self, store):
-                return original(self, store)
-
-        return load_own_variables
-
-    replace(_base_optimizer.BaseOptimizer, "save_own_variables", save)
-    replace(_base_optimizer.BaseOptimizer, "load_own_variables", load)
     replace(_tf_optimizer.TFOptimizer, "add_variable_from_reference", slot)
-    replace(_tf_optimizer.TFOptimizer, "_backend_update_step", update)

@@ -1,20 +1,30 @@
 """Keras' own saving on several workers (issue 11): model files, export,
 ModelCheckpoint, BackupAndRestore, TensorBoard routed to the chief / scratch.
+
+Model files and exports are routed where Keras writes them (`saving_lib`,
+`legacy_h5_format`, `Model.export`). The three callbacks are routed per instance,
+from the one place every callback `fit` runs meets its model
+(`CallbackList.set_model`): their classes stay Keras' own.
 """
 
 from __future__ import annotations
 
+import types
+
 from keras_replicator._compat._patching import changed_digests, replace, unpatched
 
-# callbacks/model_checkpoint.py overrides the one method Keras writes in and calls
-# the two that decide what to write (no public hook exists); keras==3.15.1.
+# callbacks/model_checkpoint.py (and, per instance, `_patch_stock_callbacks`)
+# overrides the one method Keras writes in and calls the two that decide what to
+# write (no public hook exists); keras==3.15.1.
 CHECKPOINT_DIGESTS = {
     "ModelCheckpoint._save_model": "a9be0a24277ff179",
     "ModelCheckpoint._get_file_path": "06ba05ff7e06b736",
     "ModelCheckpoint._should_save_model": "279f32db535b0f09",
 }
 
-# Source digests of what `_patch_worker_files` replaces or relies on (keras==3.15.1).
+# Source digests of what `_patch_worker_files` / `_patch_stock_callbacks` replace,
+# stand in for per instance, or rely on (keras==3.15.1): the BackupAndRestore
+# events the engine answers, TensorBoard's `set_model` reading `log_dir` once.
 WORKER_FILES_DIGESTS = {
     "saving_api.save_model": "40d9c6f3a9b45c35",
     "saving_api.save_weights": "38966258038dc2e8",
@@ -29,6 +39,7 @@ WORKER_FILES_DIGESTS = {
     "BackupAndRestore.on_train_end": "3a3f33285b2c46b0",
     "TensorBoard.set_model": "36b4c489a66848e9",
     "TensorBoard.on_train_end": "29f4f0e47170770b",
+    "CallbackList.set_model": "8513cc850af1dbbf",
 }
 _BACKUP_EVENTS = (
     "on_train_begin",
@@ -57,13 +68,13 @@ def _worker_files_upstream():
             legacy_h5_format.save_model_to_hdf5
         ),
         "Model.export": unpatched(keras.Model.export),
-        "BackupAndRestore.on_train_begin": unpatched(backup.on_train_begin),
-        "BackupAndRestore.on_epoch_begin": unpatched(backup.on_epoch_begin),
-        "BackupAndRestore.on_epoch_end": unpatched(backup.on_epoch_end),
-        "BackupAndRestore.on_train_batch_end": unpatched(backup.on_train_batch_end),
-        "BackupAndRestore.on_train_end": unpatched(backup.on_train_end),
-        "TensorBoard.set_model": unpatched(board.set_model),
-        "TensorBoard.on_train_end": unpatched(board.on_train_end),
+        **{
+            f"BackupAndRestore.{event}": getattr(backup, event)
+            for event in _BACKUP_EVENTS
+        },
+        "TensorBoard.set_model": board.set_model,
+        "TensorBoard.on_train_end": board.on_train_end,
+        "CallbackList.set_model": unpatched(keras.callbacks.CallbackList.set_model),
     }
 
 
@@ -72,7 +83,7 @@ def _checkpoint_upstream():
 
     stock = keras.callbacks.ModelCheckpoint
     return {
-        "ModelCheckpoint._save_model": unpatched(stock._save_model),
+        "ModelCheckpoint._save_model": stock._save_model,
         "ModelCheckpoint._get_file_path": stock._get_file_path,
         "ModelCheckpoint._should_save_model": stock._should_save_model,
     }
@@ -86,8 +97,10 @@ def check_upstream() -> dict[str, str]:
 
 
 def install(hooks) -> None:
-    """Routes Keras' own file writes to `hooks` (see `_patch_worker_files`)."""
+    """Routes Keras' own file writes to `hooks` (see `_patch_worker_files` and
+    `_patch_stock_callbacks`)."""
     _patch_worker_files(hooks)
+    _patch_stock_callbacks(hooks)
 
 
 def _patch_worker_files(hooks):
@@ -98,7 +111,7 @@ def _patch_worker_files(hooks):
     # save (reading on-read variables is a collective), so under our multi-worker
     # strategies the hooks send the chief's write to the real path, atomically,
     # and the others' to scratch (_files/worker_files.py). Keras offers no
-    # hook for where a model, a checkpoint callback or TensorBoard writes.
+    # hook for where a model is written.
     import keras
     from keras.src.legacy.saving import legacy_h5_format
     from keras.src.saving import saving_lib
@@ -133,60 +146,111 @@ def _patch_worker_files(hooks):
 
     replace(keras.Model, "export", export)
 
+
+def _patch_stock_callbacks(hooks):
+    """Routes Keras' ModelCheckpoint, BackupAndRestore and TensorBoard per instance."""
+    # Keras' ModelCheckpoint makes its directory unguarded and writes on every
+    # worker, its BackupAndRestore writes weights and then the epoch in place (a
+    # crash in between resumes from a torn state), its TensorBoard logs on every
+    # worker into one directory. Keras offers no hook for where a callback
+    # writes, but every callback `fit` runs gets its model from
+    # `CallbackList.set_model`: one patch there routes each of those callbacks
+    # the user handed to `fit`, on that instance only (no callback class is
+    # touched; subclasses that override a routed method keep theirs).
+    import keras
+
+    backup_type = keras.callbacks.BackupAndRestore
+    checkpoint_type = keras.callbacks.ModelCheckpoint
+    board_type = keras.callbacks.TensorBoard
+
+    # BackupAndRestore: under our multi-worker strategies every event goes to the
+    # atomic, chief-writes engine (the one `keras_replicator.callbacks.
+    # BackupAndRestore` is); elsewhere to Keras' own method.
+    def backup_event(event):
+        stock = getattr(backup_type, event)
+
+        def handler(self, *args, **kwargs):
+            engine = hooks.backup_engine(self)
+            if engine is None:
+                return stock(self, *args, **kwargs)
+            return getattr(engine, event)(*args, **kwargs)
+
+        return handler
+
+    backup_handlers = {event: backup_event(event) for event in _BACKUP_EVENTS}
+
     # ModelCheckpoint: keep Keras' decisions (`_get_file_path`,
     # `_should_save_model`); replace its unguarded `makedirs` and the write.
-    def checkpoint(original):
-        def _save_model(self, epoch, batch, logs):
-            if not hooks.routes_worker_files(self.model):
-                return original(self, epoch, batch, logs)
-            filepath = self._get_file_path(epoch, batch, logs)
-            if self._should_save_model(epoch, batch, logs, filepath):
-                hooks.save_checkpoint(self.model, filepath, self.save_weights_only)
+    def save_checkpoint(self, epoch, batch, logs):
+        if not hooks.routes_worker_files(self.model):
+            return checkpoint_type._save_model(self, epoch, batch, logs)
+        filepath = self._get_file_path(epoch, batch, logs)
+        if self._should_save_model(epoch, batch, logs, filepath):
+            hooks.save_checkpoint(self.model, filepath, self.save_weights_only)
 
-        return _save_model
+    # TensorBoard: a non-chief logs to scratch (its `set_model` fixes every
+    # directory it writes to from `log_dir`), deleted when training ends.
+    def end_board(self, logs=None):
+        type(self).on_train_end(self, logs)
+        hooks.remove_scratch(getattr(self, "_log_write_dir", None))
 
-    replace(keras.callbacks.ModelCheckpoint, "_save_model", checkpoint)
+    def route(callback, model):
+        """Routes one callback; returns its `log_dir` to put back, or None."""
+        cls = type(callback)
+        if isinstance(callback, backup_type):
+            own = [e for e in _BACKUP_EVENTS if _overrides(cls, backup_type, e)]
+            if not own:
+                _forward(callback, backup_handlers)
+            elif len(own) < len(_BACKUP_EVENTS) and hooks.routes_worker_files(model):
+                raise ValueError(_partial_backup_message(callback, own))
+        elif isinstance(callback, checkpoint_type):
+            if not _overrides(cls, checkpoint_type, "_save_model"):
+                _forward(callback, {"_save_model": save_checkpoint})
+        elif isinstance(callback, board_type):
+            _forward(callback, {"on_train_end": end_board})
+            log_dir = hooks.log_dir_for_worker(model, callback.log_dir)
+            if log_dir != callback.log_dir:
+                user_log_dir, callback.log_dir = callback.log_dir, log_dir
+                return user_log_dir
+        return None
 
-    # BackupAndRestore writes weights and then the epoch in place, so a crash in
-    # between resumes from a torn state; under our multi-worker strategies every
-    # event goes to the atomic, chief-writes engine instead (the same one
-    # `keras_replicator.callbacks.BackupAndRestore` is).
-    def backup_event(event):
-        def make(original):
-            def handler(self, *args, **kwargs):
-                engine = hooks.backup_engine(self)
-                if engine is None:
-                    return original(self, *args, **kwargs)
-                return getattr(engine, event)(*args, **kwargs)
-
-            return handler
-
-        return make
-
-    for event in _BACKUP_EVENTS:
-        replace(keras.callbacks.BackupAndRestore, event, backup_event(event))
-
-    # TensorBoard: non-chiefs log to scratch (`set_model` fixes every directory
-    # the callback writes to, from `log_dir`), deleted when training ends.
     def set_model(original):
         def set_model(self, model):
-            log_dir = hooks.log_dir_for_worker(model, self.log_dir)
-            if log_dir == self.log_dir:
+            if not model:
                 return original(self, model)
-            user_log_dir, self.log_dir = self.log_dir, log_dir
+            put_back = []
             try:
+                for callback in self.callbacks:
+                    log_dir = route(callback, model)
+                    if log_dir is not None:
+                        put_back.append((callback, log_dir))
                 return original(self, model)
             finally:
-                self.log_dir = user_log_dir
+                for callback, log_dir in put_back:
+                    callback.log_dir = log_dir
 
         return set_model
 
-    def on_train_end(original):
-        def on_train_end(self, logs=None):
-            original(self, logs)
-            hooks.remove_scratch(getattr(self, "_log_write_dir", None))
+    replace(keras.callbacks.CallbackList, "set_model", set_model)
 
-        return on_train_end
 
-    replace(keras.callbacks.TensorBoard, "set_model", set_model)
-    replace(keras.callbacks.TensorBoard, "on_train_end", on_train_end)
+def _overrides(cls, stock, name) -> bool:
+    """Whether `cls` (a subclass of `stock`) has its own `name`."""
+    return getattr(cls, name) is not getattr(stock, name)
+
+
+def _forward(callback, handlers) -> None:
+    # Instance attributes, looked up before the class's methods: this callback
+    # only, whatever else shares its class.
+    for name, handler in handlers.items():
+        setattr(callback, name, types.MethodType(handler, callback))
+
+
+def _partial_backup_message(callback, own) -> str:
+    return (
+        "A subclass of `keras.callbacks.BackupAndRestore` that overrides some of "
+        f"its events ({', '.join(own)}) cannot be routed to the chief on several "
+        "workers: its own events would still write in place on every worker. "
+        f"Received: callback={type(callback).__name__}(...). Subclass "
+        "`keras_replicator.callbacks.BackupAndRestore` instead (same arguments)."
+    )

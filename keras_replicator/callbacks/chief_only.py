@@ -1,10 +1,11 @@
 """`ChiefOnly`: run a callback on the chief worker only.
 
 Output callbacks (CSV loggers, printing) run on every worker by default, so N
-workers write N copies to the same place. Wrapping one in `ChiefOnly` forwards every
-event to it on the chief and drops them elsewhere. (Under keras_replicator
-strategies Keras' progress bar is silenced on non-chief workers and Keras'
-`TensorBoard` writes from the chief only, automatically.) Do not wrap callbacks
+workers write N copies to the same place. Wrapping one in `ChiefOnly` gives it the
+model and forwards every event to it on the chief only; elsewhere it never runs.
+(Under keras_replicator strategies Keras' progress bar is silenced on non-chief
+workers, and Keras' own `TensorBoard`, `ModelCheckpoint` and `BackupAndRestore`
+given to `fit` write from the chief only, automatically.) Do not wrap callbacks
 that run collectives (`CrossReplicaMetrics`, `ReplicaConsistencyCheck`,
 `Throughput`): every worker must call those.
 """
@@ -50,7 +51,9 @@ class ChiefOnly(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        self.callback.set_model(model)
+        # Some callbacks write already here (TensorBoard writes the model graph).
+        if _roles.is_chief(model.distribute_strategy):
+            self.callback.set_model(model)
 
     def set_params(self, params):
         super().set_params(params)

@@ -1,10 +1,12 @@
 """Hierarchical gradient all-reduce over a grid of replicas, on native sub-groups.
 
-The replicas form a grid: a *row* is ``group_size`` consecutive replicas (by
-default the devices of one worker, whose links are fast: NVLink, PCIe, shared
-memory), a *column* holds the replicas at the same position of every row (one
-per worker: the slow network). Replica ``g`` sits in row ``g // k`` and column
-``g % k``; with ``R`` replicas there are ``R // k`` rows.
+The replicas form the grid of `_grid`, the one 2-D design the socket ring's rows
+and columns (`ring/_hierarchical`) follow too: a *row* is ``group_size``
+consecutive replicas (by default the devices of one worker, whose links are fast:
+NVLink, PCIe, shared memory), a *column* holds the replicas at the same position
+of every row (one per worker: the slow network). Replica ``g`` sits in row
+``g // k`` and column ``g % k``; with ``R`` replicas there are ``R // k`` rows.
+This module is that design on TensorFlow's sub-group collectives:
 
 * ``"local_then_global"`` (Jia et al. 2018): all-reduce along the row, then only
   the row's first replica (its *leader*) all-reduces along column 0 with the
@@ -78,15 +80,13 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import threading
 import weakref
 
 import tensorflow as tf
 
 from keras_replicator import _compat, _platform
-from keras_replicator._replicator_state import replicator_state
+from keras_replicator.communication._grid import Grid, chunk_size, grid
 
 # Offset of our group keys from the strategy's collective key base; the stock
 # strategy allocates a handful of keys from base + 1 (`_compat` strides bases by
@@ -96,43 +96,6 @@ _COLUMN_KEY_OFFSET = 20_000
 # The one-row grid of `reduce_scatter_over_replicas`: a group of its own (the
 # same devices as a hierarchy's row, but not the same group size).
 _FLAT_KEY_OFFSET = 30_000
-_STATE_LOCK = threading.Lock()
-# Counters of strategies with no `ReplicatorState` (a stock MirroredStrategy
-# passed hierarchical options directly); ours keep theirs in their state.
-_STOCK_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-@dataclasses.dataclass(frozen=True)
-class Grid:
-    """Where a replica sits: ``rows`` x ``row_size`` replicas, its row and column."""
-
-    rows: int
-    row_size: int
-    row: int
-    column: int
-
-
-def grid(num_replicas: int, group_size: int, replica: int) -> Grid:
-    """The grid position of global replica `replica`; checks the grid is rectangular.
-
-    Example:
-    >>> from keras_replicator.communication._hierarchy import grid
-    >>> grid(4, 2, 3)
-    Grid(rows=2, row_size=2, row=1, column=1)
-    """
-    if group_size < 1 or num_replicas % group_size:
-        divisors = [d for d in range(1, num_replicas + 1) if num_replicas % d == 0]
-        raise ValueError(
-            f"`group_size` must divide the {num_replicas} replicas into equal rows "
-            f"for a hierarchical all-reduce. Received: group_size={group_size}. "
-            f"Use one of {divisors}, or None for the replicas of one worker."
-        )
-    return Grid(
-        num_replicas // group_size,
-        group_size,
-        replica // group_size,
-        replica % group_size,
-    )
 
 
 def row_size_of(strategy, group_size: int | None) -> int:
@@ -142,7 +105,9 @@ def row_size_of(strategy, group_size: int | None) -> int:
     return len(strategy.extended.worker_devices)
 
 
-def sum_over_replicas(value, hierarchy: str, group_size: int | None, timeout=None):
+def sum_over_replicas(
+    value, hierarchy: str, group_size: int | None, timeout=None, *, keys
+):
     """Sums a 1-D tensor over every replica by `hierarchy`; call in a replica.
 
     Args:
@@ -150,6 +115,7 @@ def sum_over_replicas(value, hierarchy: str, group_size: int | None, timeout=Non
         hierarchy: `"local_then_global"` or `"2d"`.
         group_size: Replicas per row, or `None` for the replicas of one worker.
         timeout: Seconds a collective waits for its peers (`None`: forever).
+        keys: The strategy's `CollectiveKeys` (its transport's).
 
     Returns:
         The sum, identical on every replica.
@@ -164,7 +130,7 @@ def sum_over_replicas(value, hierarchy: str, group_size: int | None, timeout=Non
     position = grid(
         context.num_replicas_in_sync, row_size_of(strategy, group_size), int(replica)
     )
-    ops = _Collectives(strategy, position, timeout)
+    ops = _Collectives(strategy, position, timeout, keys)
     if hierarchy == "local_then_global":
         total = _local_then_global(value, position, ops)
     elif hierarchy == "2d":
@@ -176,7 +142,7 @@ def sum_over_replicas(value, hierarchy: str, group_size: int | None, timeout=Non
     return total
 
 
-def reduce_scatter_over_replicas(matrix, timeout=None):
+def reduce_scatter_over_replicas(matrix, timeout=None, *, keys):
     """Row `r` of an `[N, C]` matrix summed over the `N` replicas, on replica `r`.
 
     One NCCL reduce-scatter over every replica; for GPU replicas (TensorFlow
@@ -185,6 +151,7 @@ def reduce_scatter_over_replicas(matrix, timeout=None):
     Args:
         matrix: This replica's `[N, C]` matrix, `N` the replicas in sync.
         timeout: Seconds a collective waits for its peers (`None`: forever).
+        keys: The strategy's `CollectiveKeys` (its transport's).
 
     Returns:
         This replica's `[C]` row of the sum.
@@ -196,7 +163,7 @@ def reduce_scatter_over_replicas(matrix, timeout=None):
     if replica is None:  # pragma: no cover - every strategy we support is static
         raise RuntimeError("A reduce-scatter needs a static replica id.")
     position = Grid(1, replicas, 0, int(replica))
-    ops = _Collectives(strategy, position, timeout, key_offset=_FLAT_KEY_OFFSET)
+    ops = _Collectives(strategy, position, timeout, keys, key_offset=_FLAT_KEY_OFFSET)
     # The group's rank k delivers position k of the buffer; put replica s's row
     # where replica s's rank is (exact: small integers in float32).
     ids = ops.row_all_gather(tf.constant([float(replica)], tf.float32))
@@ -218,7 +185,8 @@ def _local_then_global(value, position: Grid, ops):
 def _two_d(value, position: Grid, ops):
     k = position.row_size
     length = tf.shape(value)[0]
-    padded = tf.pad(value, [[0, (-length) % k]]) if k > 1 else value
+    padding = k * chunk_size(length, k) - length
+    padded = tf.pad(value, [[0, padding]]) if k > 1 else value
     part = ops.row_reduce_scatter(padded)
     part = ops.column_all_reduce(part)
     return ops.row_all_gather(part)[:length]
@@ -227,8 +195,8 @@ def _two_d(value, position: Grid, ops):
 class _Collectives:
     """One replica's native collectives along its row and its column."""
 
-    def __init__(self, strategy, position: Grid, timeout, key_offset: int = 0):
-        self._state = _state_of(strategy)
+    def __init__(self, strategy, position: Grid, timeout, keys, key_offset: int = 0):
+        self._state = keys
         self._strategy = strategy
         self._position = position
         self._timeout = 0.0 if timeout is None else float(timeout)
@@ -324,8 +292,12 @@ class _Collectives:
         return self.row_all_reduce(x)
 
 
-class _State:
-    """Per strategy: instance-key counters per replica and ordering tokens."""
+class CollectiveKeys:
+    """Per strategy: instance-key counters per replica and ordering tokens.
+
+    Held by the strategy's transport (`Transport.collective_keys`), so every
+    collective made for one strategy draws from one sequence per group.
+    """
 
     def __init__(self):
         self._counters: dict = {}
@@ -358,14 +330,3 @@ class _State:
 
     def _graph_tokens(self, graph) -> dict:
         return self._per_graph.setdefault(graph, {})
-
-
-def _state_of(strategy) -> _State:
-    """The strategy's counters and tokens: `ReplicatorState.hierarchy` for ours."""
-    owner = replicator_state(strategy)
-    with _STATE_LOCK:
-        if owner is None:
-            return _STOCK_STATES.setdefault(strategy, _State())
-        if owner.hierarchy is None:
-            owner.hierarchy = _State()
-        return owner.hierarchy

@@ -26,7 +26,7 @@ from keras_replicator.keras_integration import (
     _steps,
     _validation,
 )
-from keras_replicator.sharding import _saving, _slots, _support, _update
+from keras_replicator.sharding import _slots, _support, _update
 
 
 class KerasHooks:
@@ -183,12 +183,14 @@ class KerasHooks:
 
         context.merge_call(build)
 
-    # Weight-update sharding (`sharding/`): piece-shaped slots, the sharded update.
+    # Weight-update sharding (`sharding/`): piece-shaped slots (saved whole by
+    # their own `numpy()` / `assign()`), the sharded update in the all-reduce's
+    # place.
     shards_weight_update = staticmethod(_support.shards)
 
     @staticmethod
     def sharded_update_step(optimizer, grads, trainable_variables, learning_rate):
-        """The sharded `_backend_update_step`, with the step's sample count."""
+        """The sharded update of `grads`, with the step's sample count."""
         return _update.sharded_update_step(
             optimizer,
             grads,
@@ -197,9 +199,6 @@ class KerasHooks:
             declared=_sample_count.declared(),
         )
 
-    sharded_values_to_save = staticmethod(_saving.values_to_save)
-    load_sharded = staticmethod(_saving.load)
-
     @staticmethod
     def make_sharded_slot(optimizer, reference, name, initializer):
         """A one-piece slot "like" `reference` if `optimizer` shards, else None."""
@@ -207,15 +206,7 @@ class KerasHooks:
             return None
         _support.check_supported(optimizer)
         strategy = _compat.optimizer.optimizer_strategy(optimizer)
-        slot = _slots.add_piece_slot(
-            optimizer,
-            reference,
-            name,
-            initializer,
-            strategy,
-            prepare=lambda piece: _saving.make_checkpointable(optimizer, piece),
-        )
-        return slot.variable
+        return _slots.add_piece_slot(optimizer, reference, name, initializer, strategy)
 
     # Keras' own saving on several workers: the chief writes, atomically
     # (`_files/worker_files`).

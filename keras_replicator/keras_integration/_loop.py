@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_replicator.communication import _transport
+from keras_replicator.communication import _socket_transport
 
 
 @tf.autograph.experimental.do_not_convert
@@ -51,7 +51,7 @@ def _after(outputs) -> list:
     """What the next step's data waits for: with the socket ring, this step's
     outputs and last ring call (the logs' mean, which waits for the others);
     nothing otherwise (TensorFlow's collectives pair by key, not by order)."""
-    last = _transport.last_ring_call()
+    last = _socket_transport.last_ring_call()
     if last is None:
         return []
     return [v for v in tf.nest.flatten(outputs) if tf.is_tensor(v)] + [last]

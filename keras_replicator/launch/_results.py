@@ -14,7 +14,14 @@ import signal
 
 _TRACEBACK_START = "Traceback (most recent call last):"
 # What TensorFlow reports when a collective outlives its timeout.
-_COLLECTIVE_TIMEOUT_MARKERS = ("DeadlineExceeded", "Collective has timed out")
+# What a collective that waited out its timeout reports: TensorFlow's, and the
+# socket ring's (`ring/_socket_ring.SocketRing._fail`, through the UnknownError
+# TensorFlow makes of any error raised in a `tf.numpy_function`).
+_COLLECTIVE_TIMEOUT_MARKERS = (
+    "DeadlineExceeded",
+    "Collective has timed out",
+    "did not finish within the collective timeout",
+)
 # What TensorFlow reports when its gRPC server cannot bind the TF_CONFIG port.
 _LOST_PORT_MARKERS = ("Could not start gRPC server",)
 

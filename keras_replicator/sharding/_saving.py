@@ -1,13 +1,17 @@
-"""Saved optimizer state is whole: gathered on save, cut into pieces on load.
+"""A sharded slot reads and writes whole: gathered on read, cut into pieces on write.
 
 A sharded optimizer's `variables` list its one-piece slots where an unsharded
 one lists whole slots, in the same order. Keras writes an optimizer's state
 (`.keras`, `.weights.h5`, `ModelCheckpoint`, `BackupAndRestore`) through
-`save_own_variables` as that list, so the sharded slots are written gathered
-into their variables' shapes: the file is the one an unsharded run writes, and
-it loads with or without sharding, on any replica count, or on one device.
-Loading into a sharded optimizer cuts each whole slot into the pieces this
-strategy's replicas own.
+`save_own_variables`, which stores `variable.numpy()` for each of them, and
+loads it through `load_own_variables`, which calls `variable.assign(value)`.
+A sharded slot is a `PieceSlot`, a `keras.Variable` whose public `numpy()`
+gathers the replicas' pieces into the whole value and whose `assign()` cuts a
+whole value into the pieces this strategy's replicas own. So the optimizer
+itself is the user's, unchanged: the file is the one an unsharded run writes,
+and it loads with or without sharding, on any replica count, or on one device.
+The optimizer's own update writes the pieces through the `tf.Variable` under
+the slot (`optimizer.assign` and friends), never through `PieceSlot.assign`.
 
 Gathering is a collective over all replicas, so every worker must save (as
 `_files/worker_files` has every worker save, the chief publishing).
@@ -15,72 +19,71 @@ Gathering is a collective over all replicas, so every worker must save (as
 
 from __future__ import annotations
 
+import math
+
+import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.communication import _transport
-from keras_replicator.sharding import _slots, _support
+from keras_replicator.communication import _strategy_transport
 
 
-def _all_sharded(optimizer) -> dict:
-    """{id(variable): ShardedSlot} of `optimizer` and the optimizer it wraps."""
-    found = {}
-    for owner in (optimizer, _support.updating_optimizer(optimizer)):
-        for slot in _slots.sharded_slots(owner):
-            found[id(slot.variable)] = slot
-    return found
+class PieceSlot(keras.Variable):
+    """An optimizer slot holding one piece per replica; it reads and writes whole.
+
+    Its `shape` is one piece's, `(L,)` (`_layout.piece_length`); under a
+    mirrored strategy each device's copy holds its own replica's piece (no
+    aggregation, so a replica's assignment stays on its device). `numpy()`
+    returns the whole value (`whole_shape`), `assign(value)` takes one.
+
+    Args:
+        whole_shape: The shape of the model variable the slot is "like".
+        strategy: The strategy whose replicas hold the pieces.
+        **kwargs: `keras.Variable`'s arguments (a 1-D piece's `shape`).
+
+    Example (one replica: its piece is the whole, flattened):
+    >>> import tensorflow as tf
+    >>> strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    >>> with strategy.scope():
+    ...     slot = PieceSlot((2, 2), strategy, initializer="ones", shape=(4,))
+    >>> slot.numpy().tolist()
+    [[1.0, 1.0], [1.0, 1.0]]
+    >>> _ = slot.assign([[1.0, 2.0], [3.0, 4.0]])
+    >>> slot.value.numpy().tolist()
+    [1.0, 2.0, 3.0, 4.0]
+    """
+
+    def __init__(self, whole_shape, strategy, **kwargs):
+        super().__init__(trainable=False, **kwargs)
+        self.whole_shape = tuple(whole_shape)
+        self.strategy = strategy
+
+    @property
+    def size(self) -> int:
+        """Elements of the whole value (the pieces hold padding beyond it)."""
+        return math.prod(self.whole_shape)
+
+    def numpy(self) -> np.ndarray:
+        """The whole value, gathered from every replica's piece (eager)."""
+        return _gather(self.strategy, [self])[0]
+
+    def assign(self, value):
+        """Cuts the whole `value` into pieces, one to each replica (eager)."""
+        value = np.asarray(value)
+        _scatter(self.strategy, [(self, value)])
+        return self.value
 
 
-def values_to_save(optimizer) -> list | None:
-    """The arrays Keras' `save_own_variables` writes; None if nothing is sharded."""
-    sharded = _all_sharded(optimizer)
-    if not sharded:
-        return None
-    gathered = _gather(optimizer, list(sharded.values()))
-    return [
-        gathered[id(v)] if id(v) in sharded else v.numpy() for v in optimizer.variables
-    ]
-
-
-def load(optimizer, store) -> bool:
-    """Loads Keras' `store` into a sharded optimizer; False if nothing is sharded
-    or the counts differ (Keras' own load then warns and skips)."""
-    sharded = _all_sharded(optimizer)
-    variables = optimizer.variables
-    if not sharded or len(store.keys()) != len(variables):
-        return False
-    whole = []
-    for i, variable in enumerate(variables):
-        value = np.asarray(store[str(i)])
-        if id(variable) in sharded:
-            whole.append((sharded[id(variable)], value))
-        else:
-            variable.assign(value)
-    _scatter(optimizer, whole)
-    return True
-
-
-def _strategy(optimizer):
-    return _compat.optimizer.optimizer_strategy(_support.updating_optimizer(optimizer))
-
-
-def _gather(optimizer, slots) -> dict:
-    """{id(slot variable): whole value} for `slots`, one all-gather per dtype."""
-    strategy = _strategy(optimizer)
-    result = {}
-    for dtype in sorted({s.variable.dtype for s in slots}):
-        group = [s for s in slots if s.variable.dtype == dtype]
-
-        matrix = _gather_rows(strategy, group)
-        start = 0
-        for slot in group:
-            length = slot.variable.shape[0]
-            pieces = matrix[:, start : start + length]
-            start += length
-            result[id(slot.variable)] = pieces.reshape(-1)[: slot.size].reshape(
-                slot.shape
-            )
+def _gather(strategy, slots) -> list:
+    """The whole value of each of `slots` (one dtype): one all-gather for all."""
+    matrix = _gather_rows(strategy, slots)
+    result, start = [], 0
+    for slot in slots:
+        length = slot.shape[0]
+        pieces = matrix[:, start : start + length]
+        start += length
+        result.append(pieces.reshape(-1)[: slot.size].reshape(slot.whole_shape))
     return result
 
 
@@ -91,7 +94,7 @@ def _gather_rows(strategy, group) -> np.ndarray:
     variables' local copies (in replica order); the socket ring gathers numpy
     arrays directly. Otherwise one `all_gather` in a `tf.function`.
     """
-    components = [_local_copies(s.variable) for s in group]
+    components = [_local_copies(s) for s in group]
     if _all_local(strategy):
         rows = [
             np.concatenate([c[k].numpy() for c in components])
@@ -105,7 +108,7 @@ def _gather_rows(strategy, group) -> np.ndarray:
 
     def rows():
         context = tf.distribute.get_replica_context()
-        row = tf.concat([tf.convert_to_tensor(s.variable.value) for s in group], 0)
+        row = tf.concat([tf.convert_to_tensor(s.value) for s in group], 0)
         return context.all_gather(row[None, :], axis=0)
 
     result = tf.function(lambda: strategy.run(rows))()
@@ -127,43 +130,42 @@ def _ring(strategy):
     # The ring's rank is this worker's replica id (`ring/_setup.share`), so
     # its gathered rows are in replica order. Called eagerly on numpy arrays,
     # outside any replica context: the ring itself, not a `Transport`.
-    return _transport.ring_of(strategy)
+    return _strategy_transport.ring_of(strategy)
 
 
-def _scatter(optimizer, pairs) -> None:
+def _scatter(strategy, pairs) -> None:
     """Assigns each replica its piece of each `(slot, whole value)`."""
     if not pairs:
         return
-    strategy = _strategy(optimizer)
     num_replicas = strategy.num_replicas_in_sync
     matrices = []
     for slot, value in pairs:
-        if tuple(value.shape) != slot.shape:
+        if tuple(value.shape) != slot.whole_shape:
             raise ValueError(
-                f"The saved optimizer state for {slot.variable.path!r} must have "
-                f"its variable's shape {slot.shape}. Received: shape "
+                f"The saved optimizer state for {slot.path!r} must have "
+                f"its variable's shape {slot.whole_shape}. Received: shape "
                 f"{tuple(value.shape)}. Load a file saved from this model."
             )
-        length = slot.variable.shape[0]
+        length = slot.shape[0]
         flat = np.zeros([num_replicas * length], value.dtype)
         flat[: slot.size] = value.reshape(-1)
         matrices.append(flat.reshape(num_replicas, length))
 
     if _all_local(strategy):
         for (slot, _), matrix in zip(pairs, matrices):
-            for k, copy in enumerate(_local_copies(slot.variable)):
+            for k, copy in enumerate(_local_copies(slot)):
                 copy.assign(matrix[k])
         return
     ring = _ring(strategy)
     if ring is not None:
         for (slot, _), matrix in zip(pairs, matrices):
-            _local_copies(slot.variable)[0].assign(matrix[ring.replica])
+            _local_copies(slot)[0].assign(matrix[ring.replica])
         return
 
     def piece(matrices):
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         for (slot, _), matrix in zip(pairs, matrices):
-            slot.variable.value.assign(tf.gather(matrix, replica))
+            slot.value.assign(tf.gather(matrix, replica))
 
     @tf.function
     def assign(matrices):
@@ -172,20 +174,18 @@ def _scatter(optimizer, pairs) -> None:
     assign([tf.constant(m) for m in matrices])
 
 
-def make_checkpointable(optimizer, slot) -> None:
+def make_checkpointable(slot: PieceSlot) -> None:
     """Makes `tf.train.Checkpoint` save `slot` whole and restore it into pieces.
 
     TensorFlow's checkpoints read a mirrored variable's first copy, which holds
     only replica 0's piece here; the slot's own serialization gathers instead.
     """
-    variable = slot.variable
 
     def serialize():
-        return {"VARIABLE_VALUE": tf.constant(_gather(optimizer, [slot])[id(variable)])}
+        return {"VARIABLE_VALUE": tf.constant(slot.numpy())}
 
     def restore(restored):
-        value = restored["VARIABLE_VALUE"]
-        _scatter(optimizer, [(slot, np.asarray(value))])
-        return variable.value
+        slot.assign(restored["VARIABLE_VALUE"])
+        return slot.value
 
-    _compat.optimizer.override_checkpointing(variable, serialize, restore)
+    _compat.optimizer.override_checkpointing(slot, serialize, restore)

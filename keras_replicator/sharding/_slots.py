@@ -3,7 +3,8 @@
 When a sharding strategy builds an optimizer, each slot Keras would make "like"
 a model variable (`add_variable_from_reference`: momenta, velocities,
 accumulators) is made as a 1-D variable of one piece (`_layout.piece_length`)
-instead. It is still an ordinary optimizer variable, in the same place of
+instead, a `_saving.PieceSlot` (it reads and writes whole, so Keras saves and
+loads it unchanged). It is still an optimizer variable, in the same place of
 `optimizer.variables`, with the same name; under a mirrored strategy each
 device's copy holds its own replica's piece (the variables have no aggregation,
 so a replica's assignment stays on its device). Keras' own state made like a
@@ -28,31 +29,18 @@ import dataclasses
 import math
 import weakref
 
+import keras
 import tensorflow as tf
 
 from keras_replicator import _compat
-from keras_replicator.sharding import _layout
+from keras_replicator.sharding import _layout, _saving
 
 #: Slots of these names stay whole: Keras updates them on whole variables.
 WHOLE_SLOT_NAMES = ("average", "gradient_accumulator")
 
 
 @dataclasses.dataclass
-class ShardedSlot:
-    """A slot holding one piece per replica of a variable of `shape`."""
-
-    variable: object  # the Keras optimizer variable (1-D, one piece)
-    shape: tuple
-    num_replicas: int
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclasses.dataclass
 class _State:
-    slots: list = dataclasses.field(default_factory=list)
     pieces: dict = dataclasses.field(default_factory=dict)  # var key -> tf.Variable
 
 
@@ -66,20 +54,17 @@ def _state(optimizer) -> _State:
     return state
 
 
-def sharded_slots(optimizer) -> list[ShardedSlot]:
-    """The optimizer's sharded slots, in creation order (empty if none)."""
-    state = _STATES.get(optimizer)
-    return list(state.slots) if state is not None else []
-
-
-def add_piece_slot(optimizer, reference, name, initializer, strategy, prepare):
+def add_piece_slot(optimizer, reference, name, initializer, strategy):
     """Creates the one-piece slot Keras asked for "like" `reference`.
 
-    `prepare(sharded_slot)` runs before Keras tracks the variable (a deferred
-    checkpoint restore fires then, see `_compat.optimizer.add_variable_prepared`).
+    Made as Keras' `add_variable` makes a slot (in the optimizer's name scope,
+    then tracked), with the name Keras' `add_variable_from_reference` gives it,
+    as a `_saving.PieceSlot`. Its checkpointing is set up before Keras tracks
+    it: TensorFlow restores a deferred `tf.train.Checkpoint` value into an
+    optimizer variable the moment it is tracked.
 
     Returns:
-        Its `ShardedSlot` (the Keras variable is its `variable`).
+        The `_saving.PieceSlot`, now one of `optimizer.variables`.
     """
     num_replicas = strategy.num_replicas_in_sync
     shape = tuple(reference.shape)
@@ -88,22 +73,19 @@ def add_piece_slot(optimizer, reference, name, initializer, strategy, prepare):
     slot_name = f"{prefix.replace('/', '_').replace(':', '_')}_{name or 'var'}"
     raw = reference.value if hasattr(reference, "value") else reference
     with strategy.scope(), strategy.extended.colocate_vars_with(raw):
-        found = []
-
-        def record(variable):
-            found.append(ShardedSlot(variable, shape, num_replicas))
-            _state(optimizer).slots.append(found[0])
-            prepare(found[0])
-
-        _compat.optimizer.add_variable_prepared(
-            optimizer,
-            record,
-            shape=(length,),
-            initializer=initializer,
-            dtype=reference.dtype,
-            name=slot_name,
-        )
-    return found[0]
+        with keras.name_scope(optimizer.name, caller=optimizer):
+            slot = _saving.PieceSlot(
+                shape,
+                strategy,
+                initializer=keras.initializers.get(initializer),
+                shape=(length,),
+                dtype=reference.dtype,
+                aggregation="none",
+                name=slot_name,
+            )
+    _saving.make_checkpointable(slot)
+    _compat.optimizer.track_variable(optimizer, slot)
+    return slot
 
 
 def piece_variables(optimizer, variables, strategy) -> list:

@@ -1,10 +1,12 @@
 """The sharded update: reduce-scatter, update this replica's pieces, all-gather.
 
-It replaces the body of Keras' TensorFlow `_backend_update_step` (the all-reduce,
-then one `update_step` per variable) when the strategy shards the weight update;
-everything Keras does around it (weight decay, loss-scale unscaling, gradient
-accumulation, EMA, the step counter) is unchanged; Keras' clipping, deferred
-under our strategies, acts on the reduced pieces here (`communication/_clipping`).
+It does the work of Keras' TensorFlow `_backend_update_step` (the all-reduce,
+then one `update_step` per variable) when the strategy shards the weight update:
+it runs in that method's all-reduce (`_compat/optimizer.py`), which then hands
+Keras no pairs left to update. Everything Keras does around it (weight decay,
+loss-scale unscaling, gradient accumulation, EMA, the step counter) is
+unchanged; Keras' clipping, deferred under our strategies, acts on the reduced
+pieces here (`communication/_clipping`).
 It asks `communication/` for four things only: the reduction rule (`_reduction`: this
 replica's share of the sum, the sample-weighted mean's weights or the stock
 sum), the bucket plan (`_buckets.plan_by_dtype`: the strategy's `bucket_mb`, in
@@ -39,7 +41,7 @@ from keras_replicator.communication import (
     _clipping,
     _gradient_form,
     _reduction,
-    _transport,
+    _strategy_transport,
 )
 from keras_replicator.sharding import (
     _exchange,
@@ -53,7 +55,9 @@ from keras_replicator.sharding import (
 def sharded_update_step(
     optimizer, grads, trainable_variables, learning_rate, declared=None
 ):
-    """Keras' `_backend_update_step`, sharded over the replicas (replica context).
+    """Keras' `_backend_update_step`'s work, sharded over the replicas.
+
+    Called in a replica context, from the optimizer's gradient all-reduce.
 
     Args:
         optimizer: The Keras optimizer (a `LossScaleOptimizer`'s inner one runs).
@@ -80,7 +84,7 @@ def sharded_update_step(
     average = _reduction.averages(optimizer, _compat.is_replicator(strategy), declared)
     grads, exact = _reduction.prepare_sum(grads, average, declared)
     options = _all_reduce.options_of(context.strategy)
-    transport = _transport.transport_for(context.strategy, options, context)
+    transport = _strategy_transport.transport_for(context.strategy, options, context)
     buckets = _buckets.plan_by_dtype(
         grads, _all_reduce.bucket_bytes(options, transport)
     )

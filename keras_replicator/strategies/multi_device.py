@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_replicator import _compat, _platform
 from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
+from keras_replicator.communication._collective_transport import CollectiveTransport
 from keras_replicator.strategies import _devices
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
@@ -81,5 +82,7 @@ class MultiDeviceReplicator(ReplicatorMixin, tf.distribute.MirroredStrategy):
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
         state.platform = _platform.platform_of_devices(self.extended.worker_devices)
         state.nccl = nccl
-        state.options = dataclasses.replace(options, transport="collective")
+        state.transport = CollectiveTransport(
+            dataclasses.replace(options, transport="collective"), nccl=nccl
+        )
         state.is_multi_worker = _compat.in_multi_worker_mode(self)

@@ -40,6 +40,8 @@ from keras_replicator import _compat, _platform, _tf_config
 from keras_replicator._environment import COLLECTIVE_TIMEOUT, SHARED_GPUS
 from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
+from keras_replicator.communication._collective_transport import CollectiveTransport
+from keras_replicator.communication._socket_transport import SocketTransport
 from keras_replicator.communication.ring import _socket_ring
 from keras_replicator.strategies import _leave_together
 from keras_replicator.strategies._replicator import ReplicatorMixin
@@ -237,7 +239,6 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
         super().__init__(
             cluster_resolver=cluster_resolver, communication_options=parent_options
         )
-        state.collective_timeout = timeout
         state.platform = _platform.platform_of_devices(self.extended.worker_devices)
         state.nccl = nccl
         state.is_multi_worker = _compat.in_multi_worker_mode(self)
@@ -266,9 +267,13 @@ class MultiWorkerReplicator(ReplicatorMixin, tf.distribute.MultiWorkerMirroredSt
                 bucket_bytes=bucket,
                 grid=grid,
             )
-        state.transport = ring
-        transport = "collective" if ring is None else "socket"
-        state.options = dataclasses.replace(options, transport=transport)
+        # The one transport every gradient, log and agreement travels through.
+        if ring is None:
+            resolved = dataclasses.replace(options, transport="collective")
+            state.transport = CollectiveTransport(resolved, timeout, nccl=nccl)
+        else:
+            resolved = dataclasses.replace(options, transport="socket")
+            state.transport = SocketTransport(ring, resolved, timeout)
 
 
 def _ring_fits(strategy, options) -> bool:

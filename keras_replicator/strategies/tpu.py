@@ -10,6 +10,7 @@ import tensorflow as tf
 from keras_replicator import _platform
 from keras_replicator.communication import _compression
 from keras_replicator.communication import options as _options
+from keras_replicator.communication._collective_transport import CollectiveTransport
 from keras_replicator.strategies._replicator import ReplicatorMixin
 
 # A TPU attached to this host: /dev/accel* on TPU v2-v4 VMs, VFIO groups on
@@ -126,6 +127,8 @@ class TPUReplicator(ReplicatorMixin, tf.distribute.TPUStrategy):
             experimental_device_assignment=experimental_device_assignment,
         )
         state.platform = _platform.TPU
-        state.options = dataclasses.replace(options, transport="collective")
+        state.transport = CollectiveTransport(
+            dataclasses.replace(options, transport="collective")
+        )
         # A pod's hosts are one program to Keras' steps: no cross-worker logs.
         state.is_multi_worker = False

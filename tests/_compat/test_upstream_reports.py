@@ -30,13 +30,9 @@ REPORTS = {
     ("optimizer", "BaseOptimizer.scale_loss"): "uneven-replica-batches",
     ("average_loss", "nn.compute_average_loss"): "average-loss-helpers",
     ("average_loss", "nn.scale_regularization_loss"): "average-loss-helpers",
-    ("optimizer", "BaseOptimizer.save_own_variables"): "sharded-optimizer-state",
-    ("optimizer", "BaseOptimizer.load_own_variables"): "sharded-optimizer-state",
     ("optimizer", "TFOptimizer.add_variable_from_reference"): (
         "sharded-optimizer-state"
     ),
-    ("optimizer", "TFOptimizer._backend_update_step"): "sharded-optimizer-state",
-    ("data", "TFDatasetAdapter.num_batches"): "distributed-dataset-length",
     ("data", "TFEpochIterator.__init__"): "distributed-iterator-one-replica",
     ("parameter_server", "TensorFlowTrainer.fit"): "parameter-server-fit",
     ("parameter_server", "TensorFlowTrainer.evaluate"): "parameter-server-fit",

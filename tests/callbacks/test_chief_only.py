@@ -30,6 +30,18 @@ def test_forwards_everything_on_a_single_process():
     assert counter.model is model
 
 
+def test_a_non_chief_never_gives_the_callback_the_model():
+    # TensorBoard writes the model graph in `set_model`, before any event.
+    import types
+
+    extended = types.SimpleNamespace(should_checkpoint=False)
+    strategy = types.SimpleNamespace(extended=extended)
+    model = types.SimpleNamespace(distribute_strategy=strategy)
+    counter = _Counter()
+    ChiefOnly(counter).set_model(model)
+    assert counter.model is None
+
+
 def test_rejects_non_callbacks():
     with pytest.raises(TypeError, match="keras.callbacks.Callback"):
         ChiefOnly(print)
@@ -58,6 +70,13 @@ NON_CHIEF = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_a_non_chief_never_gives_the_callback_the_model; the chief's "
+    "progress bar alone on 2 workers: test_cross_replica_metrics.py::"
+    "test_unequal_worker_shards_log_the_one_device_numbers; "
+    "tests/testing/test_conformance.py::test_multi_worker_strategy_passes"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 def test_only_the_chief_runs_it_and_draws_a_progress_bar():

@@ -46,8 +46,9 @@ _COUNTING = PRELUDE + textwrap.dedent(
         return call
 
     state = replicator_state(strategy)
-    if state.transport is not None:
-        state.transport.all_reduce = counted(state.transport.all_reduce, "ring")
+    ring = getattr(state.transport, "ring", None)
+    if ring is not None:
+        ring.all_reduce = counted(ring.all_reduce, "ring")
     strategy.run = counted(strategy.run, "strategy.run")
 
     class Watch(keras.callbacks.Callback):

@@ -11,7 +11,14 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.communication import _all_reduce, _buckets, _compression
+from keras_replicator.communication import (
+    _all_reduce,
+    _buckets,
+    _compression,
+    _socket_transport,
+)
+from keras_replicator.communication._collective_transport import CollectiveTransport
+from keras_replicator.communication._socket_transport import SocketTransport
 
 
 def _model():
@@ -279,22 +286,30 @@ def test_mean_over_replicas_of_mixed_dtypes_on_the_collectives():
         assert replicas[0].numpy() == np.asarray(value, dtype)
 
 
-class _Overlapping:
-    overlaps = True
+class _Ring:
+    """Stands for a `SocketRing`: only whether its calls overlap the backward pass."""
+
+    def __init__(self, overlaps):
+        self.overlaps = overlaps
 
 
-class _Blocking:
-    overlaps = False
+def _Overlapping():
+    return SocketTransport(_Ring(True))
+
+
+def _Blocking():
+    return SocketTransport(_Ring(False))
 
 
 MB = 1e6
+UNOVERLAPPED_MB = _socket_transport.UNOVERLAPPED_BUCKET_MB
 
 
 @pytest.mark.parametrize(
     "options, transport, expected",
     [
         (kr.AllReduceOptions(), _Overlapping(), 16 * MB),
-        (kr.AllReduceOptions(), _Blocking(), _all_reduce.UNOVERLAPPED_BUCKET_MB * MB),
+        (kr.AllReduceOptions(), _Blocking(), UNOVERLAPPED_MB * MB),
         (kr.AllReduceOptions(bucket_mb=4), _Blocking(), 4 * MB),
         (kr.AllReduceOptions(bucket_mb=16), _Blocking(), 16 * MB),
         (kr.AllReduceOptions(bucket_mb=0), _Blocking(), 0.0),
@@ -309,23 +324,24 @@ def test_the_default_bucket_follows_whether_calls_can_overlap(
     assert _all_reduce.bucket_bytes(options, transport) == expected
 
 
-class _Recording:
-    """A fusing, dividing transport that counts the tensors of each call (one
-    replica: each sum is the value itself)."""
+def test_collectives_keep_the_options_bucket():
+    options = kr.AllReduceOptions(transport="collective")
+    transport = CollectiveTransport(options)
+    assert _all_reduce.bucket_bytes(options, transport) == 16 * MB
 
-    fuses = divides = scatters = True
+
+class _Recording(SocketTransport):
+    """The socket transport with a ring that counts the gradients of each call
+    (one replica: each sum is the value itself)."""
 
     def __init__(self, overlaps):
-        self.overlaps = overlaps
+        super().__init__(_Ring(overlaps))
         self.calls = []
 
-    def all_reduce(self, values, divide_by=None):
-        self.calls.append(len(values))
+    def _call(self, function, values, shapes, name, extra=()):
+        counts = 1 if function.__name__ == "counted" else 0
+        self.calls.append(len(values) - counts)
         return list(values)
-
-    def all_reduce_counted(self, values, counts):
-        self.calls.append(len(values))
-        return list(values), list(counts)
 
 
 @pytest.mark.parametrize(
@@ -341,7 +357,9 @@ def test_the_all_reduce_plans_its_calls_by_the_transport(
     monkeypatch, megabytes, overlaps, calls
 ):
     transport = _Recording(overlaps)
-    monkeypatch.setattr(_all_reduce._transport, "transport_for", lambda *a: transport)
+    monkeypatch.setattr(
+        _all_reduce._strategy_transport, "transport_for", lambda *a, **k: transport
+    )
     gradients = [tf.zeros([int(mb * MB) // 4]) for mb in megabytes]
     summed, counts = _all_reduce.all_reduce_sum(
         gradients, exact=[tf.constant(4.0)], divide_by_exact=True

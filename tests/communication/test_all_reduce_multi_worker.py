@@ -12,7 +12,18 @@ pytestmark = pytest.mark.multi_worker
 @pytest.mark.parametrize(
     "options, transport, rtol",
     [
-        ({"bucket_mb": 0.0005}, "socket", 1e-10),
+        pytest.param(
+            {"bucket_mb": 0.0005},
+            "socket",
+            1e-10,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: test_all_reduce.py::"
+                "test_lossless_options_train_to_the_one_device_weights; the ring "
+                "on 2 workers: test_worker_logs.py::"
+                "test_two_workers_average_logs_over_the_ring_like_one_device and "
+                "tests/testing/test_conformance.py::test_multi_worker_strategy_passes"
+            ),
+        ),
         pytest.param(  # the default's code path, made required: slow run only
             {"transport": "socket", "bucket_mb": 0.0005},
             "socket",

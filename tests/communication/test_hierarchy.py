@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.communication import _hierarchy
+from keras_replicator.communication import _hierarchy, _strategy_transport
 
 
 def _model(steps_per_execution=1):
@@ -97,6 +97,7 @@ def test_hierarchy_composes_with_fp16_wire():
 @pytest.mark.parametrize("group_size", [1, 2, 4])
 def test_sum_over_replicas_is_the_sum_on_every_replica(hierarchy, group_size):
     strategy = kr.MultiDeviceReplicator(num_replicas=4)
+    keys = _strategy_transport.transport_for(strategy).collective_keys
 
     @tf.function
     def step():
@@ -104,7 +105,9 @@ def test_sum_over_replicas_is_the_sum_on_every_replica(hierarchy, group_size):
             r = tf.distribute.get_replica_context().replica_id_in_sync_group
             # 7 elements: padded to a multiple of the row for the 2-D scatter.
             x = tf.range(7, dtype=tf.float64) * tf.cast(r + 1, tf.float64) ** 2
-            return _hierarchy.sum_over_replicas(x, hierarchy, group_size, timeout=60)
+            return _hierarchy.sum_over_replicas(
+                x, hierarchy, group_size, timeout=60, keys=keys
+            )
 
         return strategy.run(replica_fn)
 
@@ -119,6 +122,7 @@ def test_reduce_scatter_over_replicas_leaves_row_r_of_the_sum_on_replica_r():
     # in rank order and the permutation of rows (the GPU graph is checked in
     # tests/strategies/test_gpu_paths.py).
     strategy = kr.MultiDeviceReplicator(num_replicas=4)
+    keys = _strategy_transport.transport_for(strategy).collective_keys
 
     @tf.function
     def step():
@@ -126,7 +130,9 @@ def test_reduce_scatter_over_replicas_leaves_row_r_of_the_sum_on_replica_r():
             r = tf.distribute.get_replica_context().replica_id_in_sync_group
             matrix = tf.reshape(tf.range(12, dtype=tf.float32), [4, 3])
             matrix = matrix * tf.cast(r + 1, tf.float32)
-            return _hierarchy.reduce_scatter_over_replicas(matrix, timeout=60)
+            return _hierarchy.reduce_scatter_over_replicas(
+                matrix, timeout=60, keys=keys
+            )
 
         return strategy.run(replica_fn)
 
@@ -142,14 +148,6 @@ def test_group_size_that_is_not_a_grid_fails_at_the_first_step():
         model = _model()
     with pytest.raises(ValueError, match="`group_size` must divide the 4 replicas"):
         model.fit(np.zeros((8, 6)), np.zeros(8), batch_size=8, verbose=0)
-
-
-def test_grid_positions():
-    assert _hierarchy.grid(8, 4, 6) == _hierarchy.Grid(
-        rows=2, row_size=4, row=1, column=2
-    )
-    with pytest.raises(ValueError, match=r"Received: group_size=3\. Use one of"):
-        _hierarchy.grid(4, 3, 0)
 
 
 def test_bad_combinations_name_the_field():

@@ -46,7 +46,7 @@ _TRAIN = textwrap.dedent(
         from keras_replicator._replicator_state import replicator_state
         from keras_replicator.communication.ring import _hierarchical
         strategy = kr.MultiWorkerReplicator()
-        ring = replicator_state(strategy).transport
+        ring = replicator_state(strategy).transport.ring
         grid = isinstance(ring, _hierarchical.HierarchicalRing)
         flat = ring.flat if grid else ring
         found = {"order": flat.order, "grid": grid,

@@ -22,7 +22,7 @@ TRAIN = textwrap.dedent(
     from keras_replicator.testing import _workloads
     strategy = kr.MultiWorkerReplicator(collective_timeout=60)
     from keras_replicator._replicator_state import replicator_state
-    link = replicator_state(strategy).transport._link
+    link = replicator_state(strategy).transport.ring._link
     print("LINK", link.outbox is not None, link.inbox is not None, flush=True)
     maps = open("/proc/self/maps").read()
     print("MAPPED", maps.count("memfd:krring"), maps.count("/dev/shm/"), flush=True)

@@ -36,6 +36,12 @@ MISMATCH = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_socket_ring.py::test_buffers_that_differ_are_an_error_on_both_workers, "
+    "test_a_mismatch_fails_every_worker_of_a_larger_ring; "
+    "tests/testing/test_conformance.py::test_multi_worker_strategy_passes"
+)
 @pytest.mark.timeout(240)
 def test_workers_whose_gradients_differ_both_fail_at_once_naming_both():
     start = time.monotonic()
@@ -65,7 +71,7 @@ MIXED_THREADS = textwrap.dedent(
     import keras_replicator as kr
     from keras_replicator._replicator_state import replicator_state
     strategy = kr.MultiWorkerReplicator(collective_timeout=60)
-    ring = replicator_state(strategy).transport
+    ring = replicator_state(strategy).transport.ring
     print("OVERLAPS", ring.overlaps, flush=True)
     with strategy.scope():
         # Two 16.8 MB kernels: two calls in 16 MB buckets, one call in one buffer.

@@ -193,7 +193,7 @@ def _fit_on_a_worker(initial):
 
     keras.backend.set_floatx("float64")
     strategy = kr.MultiWorkerReplicator(collective_timeout=30)
-    ring = replicator_state(strategy).transport
+    ring = replicator_state(strategy).transport.ring
     x, y = _data()
     results = {}
     for name, accumulation, batch, steps in [

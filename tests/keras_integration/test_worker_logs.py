@@ -27,14 +27,14 @@ _SCRIPT = textwrap.dedent(
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import keras, numpy as np, tensorflow as tf
     import keras_replicator as kr
-    from keras_replicator.communication import _transport
+    from keras_replicator.communication import _strategy_transport
     from keras_replicator.keras_integration import _steps
     from tests.keras_integration.test_worker_logs import (
         BATCH, Recorder, build, data, mixed_logs,
     )
 
     strategy = kr.MultiWorkerReplicator(collective_timeout=60)
-    ring = _transport.ring_of(strategy)
+    ring = _strategy_transport.ring_of(strategy)
     worker = int(os.environ["KERAS_REPLICATOR_WORKER_INDEX"])
     keras.config.set_floatx("float64")
     keras.config.set_dtype_policy("float64")

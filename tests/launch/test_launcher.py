@@ -270,7 +270,8 @@ HUNG_PEER = textwrap.dedent(
     try:
         model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Stall()])
     except Exception as error:
-        print(f"FAILED {time.time()} {type(error).__name__}", flush=True)
+        named = "collective timeout" in str(error)
+        print(f"FAILED {time.time()} {type(error).__name__} {named}", flush=True)
         raise
     """
 )
@@ -293,11 +294,17 @@ def test_a_hung_peer_becomes_an_error_within_the_collective_timeout():
     survivor, hung = result.workers
     assert result.first_failure is survivor and hung.stopped
     stalled_at = float(hung.output.split("STALL ")[1].split()[0])
-    failed_at, error = survivor.output.split("FAILED ")[1].split()[:2]
+    failed_at, error, named = survivor.output.split("FAILED ")[1].split()[:3]
     waited = float(failed_at) - stalled_at
     print(f"survivor raised {error} {waited:.1f} s after its peer stalled")
     assert collective_timeout - 1 <= waited <= collective_timeout + 30
-    assert error == "DeadlineExceededError"
+    # TensorFlow's collectives raise DeadlineExceededError; the socket ring (the
+    # default between CPU workers) raises inside a `tf.numpy_function`, which
+    # TensorFlow reports as UnknownError whatever the Python error: its message
+    # names the collective timeout.
+    assert error == "DeadlineExceededError" or (
+        error == "UnknownError" and named == "True"
+    ), (error, named)
     assert "while worker(s) [1] were still running" in result.headline()
 
 

@@ -39,7 +39,7 @@ _SCRIPT = textwrap.dedent(
     keras.config.set_floatx("float64")
     model = t.model_in(strategy, OPTIMIZERS[name])
     t.fit(model, epochs=1)
-    ring = replicator_state(strategy).transport
+    ring = replicator_state(strategy).transport.ring
     print("BYTES", ring.bytes_sent, flush=True)
     model.save(os.path.join(save_dir, "after_one_epoch.keras"))
     t.fit(model, epochs=1)

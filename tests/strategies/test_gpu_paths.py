@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import keras_replicator as kr
 from keras_replicator import _platform
-from keras_replicator.communication import _all_reduce, _transport
+from keras_replicator.communication import _all_reduce, _strategy_transport
 from keras_replicator.strategies import multi_worker
 
 GPUS = ["/gpu:0", "/gpu:1"]
@@ -91,7 +91,7 @@ def _reduce_scatter_step(strategy, columns=3):
     def step():
         context = tf.distribute.get_replica_context()
         options = _all_reduce.options_of(strategy)
-        transport = _transport.transport_for(strategy, options, context)
+        transport = _strategy_transport.transport_for(strategy, options, context)
         matrix = tf.ones([context.num_replicas_in_sync, columns])
         return transport.reduce_scatter(matrix)
 
@@ -282,7 +282,7 @@ def test_our_nccl_collectives_share_each_devices_ordering_chain_with_tfs():
     strategy = _multi_device(GPUS, shard_weight_update=True)
 
     def step():
-        transport = _transport.transport_for(
+        transport = _strategy_transport.transport_for(
             strategy, kr.AllReduceOptions(), tf.distribute.get_replica_context()
         )
         row = transport.reduce_scatter(tf.ones([2, 3]))

@@ -5,7 +5,8 @@ of `H` machines with `L` workers each (ordered by machine, `_setup.ring_order`)
 sends `2 (N - 1) / N` of the buffer over every link, the links between machines
 included, so each machine's network link carries 1.5x the buffer for 2 x 2
 workers. As Ying et al.'s 2-D all-reduce does on a TPU torus, this one works in
-rows and columns of the `H x L` grid:
+rows and columns of the `H x L` grid (`communication/_grid`: the one 2-D design,
+which `_hierarchy` runs on TensorFlow's collectives):
 
 1. a *row* is one machine's `L` workers: a reduce-scatter along it (shared
    memory, `_shared_memory`) leaves worker `l` of each machine that machine's
@@ -43,7 +44,7 @@ import threading
 import numpy as np
 
 from keras_replicator import _environment
-from keras_replicator.communication import _division
+from keras_replicator.communication import _division, _grid
 from keras_replicator.communication.ring import _frames
 
 _EXACT_COUNTS = (np.float32, np.float64)  # counts ride as the buffer's dtype
@@ -161,7 +162,7 @@ class HierarchicalRing:
         summed_counts = []
 
         def row_in(piece, lo, hi):  # pack, then the row's reduce-scatter
-            per = -(-(hi - lo) // width_of_row)  # values of one row chunk
+            per = _grid.chunk_size(hi - lo, width_of_row)  # values of a row chunk
             packed = self._scratch("packed", 0, width_of_row * (per + extra), dtype)
             grid_view = packed.reshape(width_of_row, per + extra)
             _copy_range(flats, lo, hi, grid_view[:, :per], into_rows=True)

@@ -20,6 +20,7 @@ import socket
 import time
 import warnings
 
+from keras_replicator.communication import _grid
 from keras_replicator.communication.ring import (
     _frames,
     _handshake,
@@ -118,9 +119,12 @@ def open_grid(
         A `_hierarchical.HierarchicalRing`, or None if some worker could not
         open its rings (with a warning: the flat ring stays, correct).
     """
-    machine = next(i for i, row in enumerate(rows) if flat.rank in row)
-    local = rows[machine].index(flat.rank)
     machines, per_machine = len(rows), len(rows[0])
+    # Positions are ordered by machine, so this worker's place is `_grid`'s.
+    position = _grid.grid(machines * per_machine, per_machine, flat.rank)
+    machine, local = position.row, position.column
+    if rows[machine][local] != flat.rank:  # pragma: no cover - `grid` groups them
+        raise RuntimeError(f"The ring's rows {rows} are not ordered by machine.")
     servers, columns, problem = [], [], None
     for _ in ("row", "column"):
         server, address, trouble = _setup.listen(strategy)

@@ -1,4 +1,4 @@
-"""`_transport.ring_call`: the socket ring reads and returns tensors without copies.
+"""`ring_call`: the socket ring reads and returns tensors without copies.
 
 Checked by pointer, not by timing (issue 36): the numpy array a ring method
 receives must start at the address of the tensor given to `ring_call`, and the
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_replicator.communication._transport import ring_call
+from keras_replicator.communication._socket_transport import ring_call
 from keras_replicator.communication.ring import _frames
 
 _SIZE = 1 << 14  # 128 KB of float64
