@@ -180,6 +180,11 @@ WORKER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_collective_values_on_4_replicas (the same collectives); "
+    "tests/testing/test_conformance.py::test_multi_worker_strategy_passes"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 def test_collective_values_on_2_workers():

@@ -189,6 +189,13 @@ EVERY_PATH_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_a_non_chief_writes_to_scratch_only, "
+    "test_a_non_chief_publishes_a_direct_single_file_save, "
+    "test_tensorboard_writes_event_files_on_one_device; "
+    "tests/testing/test_conformance.py::test_multi_worker_strategy_passes[save_load]"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 @pytest.mark.filterwarnings("ignore:Skipping variable loading for optimizer")

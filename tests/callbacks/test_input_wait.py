@@ -76,7 +76,18 @@ def _fit(callback, dataset, strategy=None, timer=None):
     return history.history["input_wait_share"], messages
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize(
+    "replicas",
+    [
+        1,
+        pytest.param(
+            2,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [1]"
+            ),
+        ),
+    ],
+)
 def test_slowed_pipeline_is_input_bound_and_a_cached_one_is_not(replicas):
     strategy = kr.MultiDeviceReplicator(num_replicas=2) if replicas == 2 else None
     fast = InputWait(threshold=0.3, every_n_steps=8)

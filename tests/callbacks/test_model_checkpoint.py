@@ -141,6 +141,12 @@ SHARED_PATH_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: tests/_files/test_worker_files.py::"
+    "test_keras_saving_on_two_workers_writes_each_path_once (ModelCheckpoint with "
+    "save_best_only and weights at a save_freq, BackupAndRestore with "
+    "double_checkpoint, on two workers sharing the paths)"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(400)
 def test_two_workers_share_one_path(tmp_path):

@@ -72,7 +72,20 @@ def _metadata(directory):
     return json.loads((directory / engine.METADATA_FILE).read_text())
 
 
-@pytest.mark.parametrize("save_freq", ["epoch", 4])
+@pytest.mark.parametrize(
+    "save_freq",
+    [
+        "epoch",
+        pytest.param(
+            4,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [epoch] and "
+                "test_a_crash_resumes_exactly_after_the_last_step_backup (an "
+                "integer save_freq)"
+            ),
+        ),
+    ],
+)
 def test_a_signal_backs_up_at_the_step_and_the_next_fit_resumes_there(
     tmp_path, float64, save_freq
 ):

@@ -29,6 +29,10 @@ SLOW_LOCAL: dict[str, str] = {
     "kerasio_train_step_lower_level": _SAME_GUIDE,
     "kerasio_train_step_sample_weight": _SAME_GUIDE,
     "tf_input_distributed_datasets": _SAME_GUIDE,
+    "kerasio_gan_without_call": "covered in the default run by: "
+    "tests/keras_integration/test_reduction_rule.py::"
+    "test_model_without_call_trains_as_on_one_device (a GAN Model subclass with "
+    "train_step, two optimizers and no call, on 2 replicas as on one device)",
 }
 
 

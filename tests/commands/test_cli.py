@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _cli(*args, timeout=120):
     return subprocess.run(
@@ -36,6 +38,12 @@ def test_launch_without_a_program_explains_usage():
     assert "after `--`" in out.stderr
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: tests/commands/test_test_command.py::"
+    "test_a_gpu_factory_asked_for_by_name_is_reported_not_passed (the command's "
+    "table) and tests/testing/test_conformance.py::"
+    "test_local_strategy_passes[multi-device-2-fit_numpy] (the check passing)"
+)
 def test_conformance_command_prints_a_table():
     out = _cli(
         "test",

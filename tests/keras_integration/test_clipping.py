@@ -60,9 +60,35 @@ def _max_difference(a, b):
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("option", sorted(OPTIONS))
+SETUPS = ["plain", "accumulation", "sharded", "sharded-accumulation"]
+# One case per setup stays in the default run, and every option with it; the
+# other pairs are left to `make test-slow`.
+DEFAULT_CASES = {
+    ("plain", "clipnorm"),
+    ("accumulation", "clipvalue"),
+    ("sharded", "global_clipnorm"),
+    ("sharded-accumulation", "clipnorm"),
+}
+
+
+def _clipping_case(setup, option):
+    marks = []
+    if (setup, option) not in DEFAULT_CASES:
+        same_setup = next(o for s, o in sorted(DEFAULT_CASES) if s == setup)
+        same_option = next(s for s, o in sorted(DEFAULT_CASES) if o == option)
+        marks.append(
+            pytest.mark.slow(
+                reason="covered in the default run by: "
+                f"test_clipping_equals_one_device[{setup}-{same_setup}] and "
+                f"test_clipping_equals_one_device[{same_option}-{option}]"
+            )
+        )
+    return pytest.param(option, setup, id=f"{setup}-{option}", marks=marks)
+
+
 @pytest.mark.parametrize(
-    "setup", ["plain", "accumulation", "sharded", "sharded-accumulation"]
+    "option, setup",
+    [_clipping_case(setup, option) for setup in SETUPS for option in sorted(OPTIONS)],
 )
 def test_clipping_equals_one_device(option, setup):
     accumulation = 2 if "accumulation" in setup else None

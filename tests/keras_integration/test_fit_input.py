@@ -192,6 +192,13 @@ def _files_fit_is_distributed(strategy, files):
     return bool(seen) and not any(_fed_plainly([kind]) for kind in seen)
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_one_replica_iterates_the_dataset_itself, "
+    "test_which_pipelines_give_every_worker_the_same_batch_count; "
+    "tests/testing/test_conformance.py::test_multi_worker_strategy_passes "
+    "(2 workers of one replica each, fed plainly)"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(300)
 def test_two_workers_fed_plainly_match_one_device(float64, record_files):

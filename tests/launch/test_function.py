@@ -125,6 +125,12 @@ NOTEBOOK_TRAINING = textwrap.dedent(
 )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: test_a_notebook_function_travels_as_source "
+    "(a notebook's function run on two workers) and tests/keras_integration/"
+    "test_fit_input.py::test_two_workers_fed_plainly_match_one_device (a fit "
+    "through launch_function on two workers)"
+)
 @pytest.mark.multi_worker
 @pytest.mark.timeout(400)
 def test_a_notebook_cell_trains_on_two_workers(tmp_path):

@@ -104,11 +104,21 @@ def test_one_bound_gpu_per_task_with_two_tasks_per_node_resolves():
         assert resolved["env"] == {"CUDA_VISIBLE_DEVICES": str(procid)}
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: test_slurm_shows_a_per_task_binding "
+    "(the rule, SLURM_GPU_BIND cases) and "
+    "test_one_bound_gpu_per_task_with_two_tasks_per_node_resolves (TF's resolver)"
+)
 def test_gpu_bind_keeps_slurms_gpu_even_without_step_gpus():
     env = _two_tasks_on_one_node(1, "1", gpu_bind="map_gpu:0,1")
     assert _resolve(env)["env"] == {"CUDA_VISIBLE_DEVICES": "1"}
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: test_resolver_arguments_follow_the_binding "
+    "(a node-wide view adds no argument) and "
+    "test_one_bound_gpu_per_task_with_two_tasks_per_node_resolves (TF's resolver)"
+)
 def test_a_node_wide_view_keeps_tensorflows_assignment():
     env = _two_tasks_on_one_node(1, "0,1,2,3", step_gpus="0,1,2,3")
     resolved = _resolve(env)
@@ -126,6 +136,12 @@ def _consecutive_free_ports(count):
     pytest.skip("no run of consecutive free ports")
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: test_resolver_arguments_follow_the_binding "
+    "(2 bound GPUs a task), test_one_bound_gpu_per_task_with_two_tasks_per_node_"
+    "resolves (the child keeps the bound GPU) and tests/launch/test_cluster.py::"
+    "test_slurm_mode_resolves_this_tasks_tf_config (plan_cluster's Slurm mode)"
+)
 def test_the_launched_worker_keeps_the_gpus_slurm_bound_to_its_task():
     # Before: task 1's "2,3" became "1", a GPU of task 0.
     base = _consecutive_free_ports(2)

@@ -236,7 +236,18 @@ def test_sparse_gradients_with_repeated_rows_use_the_dense_norm():
     )
 
 
-@pytest.mark.parametrize("num_replicas", [2, 4])
+@pytest.mark.parametrize(
+    "num_replicas",
+    [
+        2,
+        pytest.param(
+            4,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [2]"
+            ),
+        ),
+    ],
+)
 def test_replicas_train_as_one_device(num_replicas):
     x, y = _workloads.classification_data(100)  # uneven last batch of 4
 

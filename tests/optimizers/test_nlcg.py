@@ -305,7 +305,22 @@ def _replica_run(strategy, lars_eta=None, lr=2.0):
     return net.get_weights(), [float(v.numpy()) for v in state], multipliers
 
 
-@pytest.mark.parametrize("num_replicas", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "num_replicas",
+    [
+        pytest.param(
+            2,
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: tests/optimizers/"
+                "test_loss_aware.py::test_fit_under_a_strategy_hands_the_one_device_"
+                "loss[multi_device_replicator] (NLCG on 2 replicas, 100 samples: "
+                "the weights, the losses it sees and its step multipliers equal "
+                "one device's, and the step control cuts)"
+            ),
+        ),
+        pytest.param(4, marks=pytest.mark.slow),
+    ],
+)
 def test_replicas_train_as_one_device(num_replicas):
     one, one_state, one_multipliers = _replica_run(tf.distribute.get_strategy())
     many, many_state, many_multipliers = _replica_run(

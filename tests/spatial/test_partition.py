@@ -101,7 +101,18 @@ def test_five_float32_fit_steps_stay_within_1e_5_of_one_device(strategies):
     assert max_difference(plain.get_weights(), spatial.get_weights()) < 1e-5
 
 
-@pytest.mark.parametrize("mixed", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize(
+    "mixed",
+    [
+        "mixed_float16",
+        pytest.param(
+            "mixed_bfloat16",
+            marks=pytest.mark.slow(
+                reason="covered in the default run by: the same test [mixed_float16]"
+            ),
+        ),
+    ],
+)
 def test_mixed_precision_layers_train_on_the_plain_path(strategies, mixed):
     # Mixed precision: the halo layers keep their extended tile (Keras casts
     # variables only inside `__call__`, see `_recompute`); a step must still run

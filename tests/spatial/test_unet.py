@@ -137,7 +137,21 @@ FINAL_LAYERS = {
 }
 
 
-@pytest.mark.parametrize("final", sorted(FINAL_LAYERS))
+# Every halo layer keeps its activation the same way (`spatial/_tiled.py`).
+_SAME_AS_CONV = pytest.mark.slow(
+    reason="covered in the default run by: the same test [conv] (the activation "
+    "is applied last by the shared `_tiled` base of every halo layer)"
+)
+
+
+@pytest.mark.parametrize(
+    "final",
+    [
+        "conv",
+        pytest.param("separable", marks=_SAME_AS_CONV),
+        pytest.param("transposed", marks=_SAME_AS_CONV),
+    ],
+)
 def test_a_saturated_softmax_output_gives_the_loss_from_its_logits(
     float64, strategies, final
 ):

@@ -120,6 +120,11 @@ def _vfio_only(monkeypatch):
     )
 
 
+@pytest.mark.slow(
+    reason="covered in the default run by: "
+    "test_auto_falls_back_with_a_warning_when_the_tpu_cannot_start (the same "
+    "/dev/vfio/0 hint, and connect_tpu's NotFoundError named in its warning)"
+)
 def test_a_vfio_device_is_a_local_tpu_vm(clean_tf_config, monkeypatch):
     _vfio_only(monkeypatch)
     assert tpu.tpu_environment_hint() == "TPU device files exist (/dev/vfio/0)"

@@ -25,18 +25,59 @@ class _Built:
         self.build = lambda: strategy
 
 
-@pytest.mark.parametrize("check", CHECK_NAMES)
-@pytest.mark.parametrize(
-    "factory",
-    [
-        "multi-device-2",
-        pytest.param(
-            "multi-device-4",
-            marks=pytest.mark.slow(
+# Checks on multi-device-2 left to `make test-slow`: the same check runs in the
+# default run on multi-worker-2 (test_multi_worker_strategy_passes[check]), and
+# the named test checks the same behaviour on local replicas.
+_COVERED_LOCALLY = {
+    "gradient_clipping": "tests/keras_integration/test_clipping.py",
+    "transformer_embeddings": "tests/keras_integration/test_embedding_gradients.py"
+    "::test_transformer_with_an_uneven_batch_trains_like_one_device",
+    "adam_on_embeddings": "tests/keras_integration/test_embedding_gradients.py"
+    "::test_adam_on_a_repeating_embedding_is_dense_adam",
+    "gradient_accumulation": "tests/keras_integration/test_gradient_accumulation.py"
+    "::test_fit_with_accumulation_equals_one_device_at_the_effective_batch",
+    "synchronized_batch_norm": "tests/layers/test_sync_batch_normalization.py"
+    "::test_all_replicas_group_trains_like_one_device",
+    "mixed_float16_overflow": "tests/keras_integration/test_mixed_precision.py"
+    "::test_an_overflow_in_one_replica_skips_the_step_on_both",
+    "custom_train_step_loss": "tests/keras_integration/test_loss_contracts.py"
+    "::test_every_loss_form_trains_like_one_device",
+    "custom_train_step_mean_loss": "tests/keras_integration/test_loss_contracts.py"
+    "::test_every_loss_form_trains_like_one_device",
+    "custom_train_step_average_loss": "tests/keras_integration/"
+    "test_loss_contracts.py::test_every_loss_form_trains_like_one_device",
+}
+_UNKNOWN = set(_COVERED_LOCALLY) - set(CHECK_NAMES)
+if _UNKNOWN:
+    raise ValueError(f"_COVERED_LOCALLY names no check: {sorted(_UNKNOWN)}")
+
+
+def _local_case(factory, check):
+    marks = []
+    if factory == "multi-device-4":
+        marks.append(
+            pytest.mark.slow(
                 reason="covered in the default run by: the same checks on "
                 "multi-device-2 and multi-worker-2"
-            ),
-        ),
+            )
+        )
+    elif check in _COVERED_LOCALLY:
+        marks.append(
+            pytest.mark.slow(
+                reason="covered in the default run by: "
+                f"test_multi_worker_strategy_passes[{check}] and "
+                f"{_COVERED_LOCALLY[check]}"
+            )
+        )
+    return pytest.param(factory, check, id=f"{factory}-{check}", marks=marks)
+
+
+@pytest.mark.parametrize(
+    "factory, check",
+    [
+        _local_case(factory, check)
+        for factory in ("multi-device-2", "multi-device-4")
+        for check in CHECK_NAMES
     ],
 )
 def test_local_strategy_passes(factory, check):
