@@ -44,14 +44,8 @@ from keras_replicator.communication import (
     _division,
     _gradient_form,
     _strategy_transport,
-    _transport,
 )
 from keras_replicator.communication.options import AllReduceOptions
-
-
-def options_of(strategy) -> AllReduceOptions:
-    """The strategy's all-reduce options; defaults for stock strategies."""
-    return _strategy_transport.options_of(strategy)
 
 
 def all_reduce_sum(
@@ -81,7 +75,7 @@ def all_reduce_sum(
         `(summed_gradients, summed_exact)`: lists in the order given.
     """
     strategy = tf.distribute.get_strategy()
-    strategy_options = options_of(strategy)
+    strategy_options = _strategy_transport.options_of(strategy)
     if options is None:
         options = strategy_options
     elif options.transport is None:  # the strategy's, unless rows are given
@@ -140,23 +134,6 @@ def all_reduce_sum(
             for i, g in enumerate(results)
         ]
     return results, list(summed_exact or [])
-
-
-def bucket_bytes(options: AllReduceOptions, transport: _transport.Transport) -> float:
-    """The bucket capacity for the gradient all-reduce on `transport`.
-
-    Buckets exist so that a bucket travels while earlier layers are still being
-    differentiated; each transport knows whether its calls can
-    (`Transport.bucket_bytes`).
-
-    Args:
-        options: The all-reduce options.
-        transport: The transport the buckets travel on.
-
-    Returns:
-        The capacity in bytes for `_buckets.plan_by_dtype` (0: one per dtype).
-    """
-    return transport.bucket_bytes(options)
 
 
 def mean_over_replicas(values) -> list[tf.Tensor]:

@@ -92,10 +92,6 @@ class CollectiveTransport(Transport):
         sums, _ = self.sum_bucket(members, divide_by=summed[0])
         return sums, summed
 
-    def sum_sparse(self, slices) -> list:
-        context = tf.distribute.get_replica_context()
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, list(slices))
-
     def mean(self, values) -> list[tf.Tensor]:
         """TensorFlow's batched MEAN all-reduce, one per dtype (its batch
         concatenates the values)."""

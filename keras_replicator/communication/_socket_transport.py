@@ -129,11 +129,6 @@ class SocketTransport(Transport):
         *sums, total = self._call(counted, [*members, counts], shapes, "all_reduce")
         return sums, tf.unstack(total)
 
-    def sum_sparse(self, slices) -> list:
-        """TensorFlow's all-gather of the rows: the ring moves dense buffers only."""
-        context = tf.distribute.get_replica_context()
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, list(slices))
-
     def mean(self, values) -> list[tf.Tensor]:
         """One ring call, chained after the step's gradient buckets.
 

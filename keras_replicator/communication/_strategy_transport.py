@@ -40,7 +40,7 @@ def options_of(strategy) -> AllReduceOptions:
     return state.transport.options
 
 
-def transport_for(strategy, options: AllReduceOptions | None = None, context=None):
+def transport_for(strategy, options: AllReduceOptions | None = None):
     """`strategy`'s transport; for other `options`, one made for them.
 
     Our strategies build theirs in their constructors; a stock strategy (a
@@ -53,8 +53,6 @@ def transport_for(strategy, options: AllReduceOptions | None = None, context=Non
         strategy: A `tf.distribute.Strategy`.
         options: All-reduce options other than the strategy's, or None.
             Defaults to `None`.
-        context: Unused; kept for callers that pass their replica context.
-            Defaults to `None`.
 
     Returns:
         A `Transport`.
@@ -63,7 +61,6 @@ def transport_for(strategy, options: AllReduceOptions | None = None, context=Non
         ValueError: `transport='socket'` on a strategy that opened no ring, or
             a `compression` the strategy's platform cannot sum.
     """
-    del context
     own = _own_transport(strategy)
     if options is None or options == own.options:
         return own

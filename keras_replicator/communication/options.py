@@ -193,7 +193,7 @@ class AllReduceOptions:
         """`bucket_mb`, or the tuned 16 MB if `None`.
 
         The gradient all-reduce and the sharded update size their buckets with
-        `communication._all_reduce.bucket_bytes`, which takes 64 MB instead
+        `Transport.bucket_bytes`, which on the socket ring takes 64 MB instead
         where the transport's calls cannot overlap the backward pass.
         """
         return DEFAULT_BUCKET_MB if self.bucket_mb is None else float(self.bucket_mb)

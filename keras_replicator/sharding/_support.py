@@ -25,7 +25,7 @@ from __future__ import annotations
 import keras
 
 from keras_replicator import _compat
-from keras_replicator.communication import _all_reduce
+from keras_replicator.communication import _strategy_transport
 from keras_replicator.sharding import _norm_rules
 
 ELEMENT_WISE = (
@@ -84,6 +84,6 @@ def shards(optimizer) -> bool:
     strategy = _compat.optimizer.optimizer_strategy(optimizer)
     return (
         _compat.is_replicator(strategy)
-        and _all_reduce.options_of(strategy).shard_weight_update
+        and _strategy_transport.options_of(strategy).shard_weight_update
         and strategy.num_replicas_in_sync > 1
     )

@@ -10,7 +10,7 @@ pieces here (`communication/_clipping`).
 It asks `communication/` for four things only: the reduction rule (`_reduction`: this
 replica's share of the sum, the sample-weighted mean's weights or the stock
 sum), the bucket plan (`_buckets.plan_by_dtype`: the strategy's `bucket_mb`, in
-reverse layer order, sized by `_all_reduce.bucket_bytes` as for the all-reduce),
+reverse layer order, sized by `Transport.bucket_bytes` as for the all-reduce),
 the transport (`_transport`) and the clipping (`_clipping`).
 Per bucket of same-dtype gradients:
 
@@ -36,7 +36,6 @@ import tensorflow as tf
 
 from keras_replicator import _compat
 from keras_replicator.communication import (
-    _all_reduce,
     _buckets,
     _clipping,
     _gradient_form,
@@ -83,11 +82,9 @@ def sharded_update_step(
     grads = [_gradient_form.dense_like(g, v) for g, v in zip(grads, variables)]
     average = _reduction.averages(optimizer, _compat.is_replicator(strategy), declared)
     grads, exact = _reduction.prepare_sum(grads, average, declared)
-    options = _all_reduce.options_of(context.strategy)
-    transport = _strategy_transport.transport_for(context.strategy, options, context)
-    buckets = _buckets.plan_by_dtype(
-        grads, _all_reduce.bucket_bytes(options, transport)
-    )
+    options = _strategy_transport.options_of(context.strategy)
+    transport = _strategy_transport.transport_for(context.strategy, options)
+    buckets = _buckets.plan_by_dtype(grads, transport.bucket_bytes(options))
     total = None
     carriers = _buckets.EXACT_CARRIERS
     if exact and not any(grads[b[0]].dtype in carriers for b in buckets):

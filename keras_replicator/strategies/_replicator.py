@@ -10,7 +10,7 @@ caches live there, read with `replicator_state(strategy)`, never as attributes.
 from __future__ import annotations
 
 from keras_replicator import _compat, _replicator_state
-from keras_replicator.communication import _all_reduce
+from keras_replicator.communication import _strategy_transport
 from keras_replicator.keras_integration import _hooks
 from keras_replicator.strategies import _step_api
 
@@ -84,7 +84,7 @@ class ReplicatorMixin:
         >>> kr.MultiDeviceReplicator(num_replicas=2).all_reduce_options.transport
         'collective'
         """
-        return _all_reduce.options_of(self)
+        return _strategy_transport.options_of(self)
 
     @property
     def num_workers(self) -> int:

@@ -8,6 +8,7 @@ import time
 
 from keras_replicator._environment import LAUNCHER_PID
 from keras_replicator._worker import watchdog
+from tests.launch import _processes
 
 # A serving task as `_ps_serving` runs one: exits 0 on SIGTERM, else sleeps forever.
 TASK = (
@@ -30,29 +31,21 @@ LAUNCHER = (
 )
 
 
-def _gone(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_the_task_exits_when_its_launcher_is_killed():
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER, TASK], stdout=subprocess.PIPE, text=True
     )
     task = int(launcher.stdout.readline())
     try:
-        assert not _gone(task)
+        assert _processes.alive(task)
         launcher.kill()  # SIGKILL: no chance to stop the task itself
         launcher.wait(timeout=30)
         deadline = time.monotonic() + 15
-        while not _gone(task) and time.monotonic() < deadline:
+        while _processes.alive(task) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _gone(task), "the serving task outlived its launcher"
+        assert not _processes.alive(task), "the serving task outlived its launcher"
     finally:
-        if not _gone(task):
+        if _processes.alive(task):
             os.kill(task, signal.SIGKILL)
 
 

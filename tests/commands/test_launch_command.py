@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from tests.launch import _processes
+
 PY = sys.executable
 
 
@@ -186,15 +188,6 @@ STUBBORN = (
 )
 
 
-def _gone(pid):
-    """Whether `pid` has exited (a zombie waiting for its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def _start_stubborn_launcher(tmp_path, num_workers=2, grace="1"):
     launcher = subprocess.Popen(
         [PY, "-m", "keras_replicator.cli", "launch", "-n", str(num_workers)]
@@ -215,9 +208,9 @@ def _start_stubborn_launcher(tmp_path, num_workers=2, grace="1"):
 
 def _assert_all_gone(pids, within):
     deadline = time.monotonic() + within
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(_processes.alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    alive = [pid for pid in pids if not _gone(pid)]
+    alive = [pid for pid in pids if _processes.alive(pid)]
     for pid in alive:  # do not leave them behind when the test fails
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"workers {alive} outlived their launcher"

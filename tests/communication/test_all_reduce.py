@@ -321,13 +321,13 @@ def test_the_default_bucket_follows_whether_calls_can_overlap(
     options, transport, expected
 ):
     # Buckets pay only where a bucket travels during the backward pass (issue 36).
-    assert _all_reduce.bucket_bytes(options, transport) == expected
+    assert transport.bucket_bytes(options) == expected
 
 
 def test_collectives_keep_the_options_bucket():
     options = kr.AllReduceOptions(transport="collective")
     transport = CollectiveTransport(options)
-    assert _all_reduce.bucket_bytes(options, transport) == 16 * MB
+    assert transport.bucket_bytes(options) == 16 * MB
 
 
 class _Recording(SocketTransport):

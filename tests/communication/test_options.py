@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
-from keras_replicator.communication import _all_reduce
+from keras_replicator.communication import _strategy_transport
 
 
 def test_defaults_and_frozen():
@@ -42,12 +42,12 @@ def test_strategies_take_and_expose_the_options():
     # One machine: the transport None resolves to the collectives.
     resolved = dataclasses.replace(options, transport="collective")
     assert strategy.all_reduce_options == resolved
-    assert _all_reduce.options_of(strategy) == resolved
+    assert _strategy_transport.options_of(strategy) == resolved
     assert kr.MultiDeviceReplicator(
         num_replicas=2
     ).all_reduce_options == kr.AllReduceOptions(transport="collective")
     stock = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert _all_reduce.options_of(stock) == kr.AllReduceOptions()
+    assert _strategy_transport.options_of(stock) == kr.AllReduceOptions()
 
 
 def test_the_socket_ring_on_one_machine_is_a_clear_error():

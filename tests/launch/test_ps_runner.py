@@ -14,6 +14,7 @@ import time
 import pytest
 
 from keras_replicator.launch import launch
+from tests.launch import _processes
 
 PY = sys.executable
 
@@ -148,14 +149,6 @@ SERVE_FOREVER = (
 )
 
 
-def _gone(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_serving_tasks_do_not_outlive_a_sigkilled_launcher(tmp_path):
     """Before, the ps and worker tasks of a job whose launcher was SIGKILLed
     served forever (listening on all interfaces)."""
@@ -175,9 +168,9 @@ def test_serving_tasks_do_not_outlive_a_sigkilled_launcher(tmp_path):
     launcher.kill()
     launcher.wait(timeout=30)
     deadline = time.monotonic() + 15
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(_processes.alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    alive = [pid for pid in pids if not _gone(pid)]
+    alive = [pid for pid in pids if _processes.alive(pid)]
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"tasks {alive} outlived their launcher"

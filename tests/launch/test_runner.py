@@ -9,6 +9,7 @@ import time
 import pytest
 
 from keras_replicator.launch import free_ports, run_workers, tf_configs
+from tests.launch import _processes
 
 PY = sys.executable
 
@@ -213,14 +214,6 @@ def test_tensorflows_own_lost_port_error_is_recognised():
     assert f"on port {port} (`TF_CONFIG['cluster']['worker'][0]`" in result.headline()
 
 
-def _gone(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_a_second_keyboard_interrupt_kills_at_once_instead_of_orphaning(tmp_path):
     """From Python (default handlers), a second Ctrl-C in the grace period used to
     skip the SIGKILL and leave workers that ignore SIGTERM running."""
@@ -253,7 +246,7 @@ def test_a_second_keyboard_interrupt_kills_at_once_instead_of_orphaning(tmp_path
     try:
         _, err = parent.communicate(timeout=15)  # well before the grace ends
     finally:
-        alive = [pid for pid in pids if not _gone(pid)]
+        alive = [pid for pid in pids if _processes.alive(pid)]
         for pid in alive:
             os.kill(pid, signal.SIGKILL)
         if parent.poll() is None:

@@ -90,8 +90,8 @@ def test_a_stock_mirrored_strategy_gets_nccl_hierarchies_too():
 def _reduce_scatter_step(strategy, columns=3):
     def step():
         context = tf.distribute.get_replica_context()
-        options = _all_reduce.options_of(strategy)
-        transport = _strategy_transport.transport_for(strategy, options, context)
+        options = _strategy_transport.options_of(strategy)
+        transport = _strategy_transport.transport_for(strategy, options)
         matrix = tf.ones([context.num_replicas_in_sync, columns])
         return transport.reduce_scatter(matrix)
 
@@ -282,9 +282,7 @@ def test_our_nccl_collectives_share_each_devices_ordering_chain_with_tfs():
     strategy = _multi_device(GPUS, shard_weight_update=True)
 
     def step():
-        transport = _strategy_transport.transport_for(
-            strategy, kr.AllReduceOptions(), tf.distribute.get_replica_context()
-        )
+        transport = _strategy_transport.transport_for(strategy, kr.AllReduceOptions())
         row = transport.reduce_scatter(tf.ones([2, 3]))
         return transport.all_gather(row)
 
