@@ -3,7 +3,7 @@
 A chief, 2 workers and 1 parameter server on 127.0.0.1, started by
 `keras_replicator.launch` (which also proves `--ps`: the serving tasks exit 0
 when the chief is done). Async training is not bit-exact, so accuracy is
-compared with one device within 1.5 points, not equal.
+compared with one device within 4 points, not equal.
 """
 
 import json
@@ -44,10 +44,13 @@ def test_fit_evaluate_predict_match_one_device(tmp_path):
     assert result.ok, result.describe_failure()
     numbers = result_of(result)
     assert numbers["one_device_accuracy"] > 0.9
-    # Async step order depends on timing: 1 run in 6 ended 4 of the 397 test
-    # digits (1.008 points) below one device, the rest within a point; the band
-    # allows 5 digits.
-    assert abs(numbers["accuracy"] - numbers["one_device_accuracy"]) <= 0.015, numbers
+    # Async step order depends on timing. Alone, and 3 at a time beside 4 busy
+    # loops, 15 runs ended within 3 of the 397 test digits of one device; CI's
+    # two-process `make test` once ended 12 below (0.947 against 0.977). The
+    # band allows 16 digits (4 points); an untrained or diverged model (about
+    # 0.1) is far outside it. The exact checks below are the ones that must hold.
+    assert numbers["accuracy"] > 0.93, numbers
+    assert abs(numbers["accuracy"] - numbers["one_device_accuracy"]) <= 0.04, numbers
     assert numbers["predict_rows"] == 397
     assert numbers["predict_accuracy"] == pytest.approx(numbers["accuracy"], abs=1e-6)
     assert numbers["val_accuracy"] == pytest.approx(numbers["accuracy"], abs=1e-6)
