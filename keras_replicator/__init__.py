@@ -12,11 +12,13 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "AllReduceOptions": "keras_replicator.strategies",
+    "ModelParallelReplicator": "keras_replicator.strategies",
     "MultiDeviceReplicator": "keras_replicator.strategies",
     "MultiWorkerReplicator": "keras_replicator.strategies",
     "ParameterServerReplicator": "keras_replicator.strategies",
     "TPUReplicator": "keras_replicator.strategies",
     "auto": "keras_replicator.strategies",
+    "devices": "keras_replicator.strategies",
     "is_chief": "keras_replicator.strategies",
     "scaled_learning_rate": "keras_replicator.schedules",
     "split_cpu": "keras_replicator.strategies",

@@ -63,6 +63,7 @@ try:
         data,
         lamb,
         layers,
+        layouts,
         loss_scale,
         optimizer,
         parameter_server,
@@ -72,6 +73,7 @@ try:
     )
     from keras_replicator._compat._inventory import PATCHES, STAMPS
     from keras_replicator._compat.layers import register_batch_norm_moments_hook
+    from keras_replicator._compat.layouts import keras_variable_path
     from keras_replicator._compat.optimizer import optimizer_variable_index
     from keras_replicator._compat.parameter_server import (
         closure_queue_state,
@@ -135,6 +137,7 @@ _CHECKED = (
     parameter_server,
     strategy,
     layers,
+    layouts,
 )
 
 
@@ -189,6 +192,7 @@ __all__ = [
     "install_parameter_server",
     "is_replicator",
     "is_replicator_current",
+    "keras_variable_path",
     "loss_tracker",
     "next_collective_key_base",
     "stock_mirrored_strategy",

@@ -14,6 +14,7 @@ import sys
 from keras_replicator.testing import (
     CHECK_NAMES,
     FACTORIES,
+    LAYOUT_CHECK_NAMES,
     format_table,
     run_conformance,
 )
@@ -38,8 +39,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--checks",
-        default=",".join(CHECK_NAMES),
-        help="comma-separated check names (default: all)",
+        default=None,
+        help=f"comma-separated check names (default: all {len(CHECK_NAMES)} "
+        "checks, and the layout checks on the layout factories: "
+        f"{', '.join(LAYOUT_CHECK_NAMES)})",
     )
     parser.add_argument(
         "--isolate-stock",
@@ -56,7 +59,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     named = args.factories is not None
     factories = [f for f in (args.factories or ",".join(FACTORIES)).split(",") if f]
-    checks = [c for c in args.checks.split(",") if c]
+    checks = [c for c in args.checks.split(",") if c] if args.checks else None
     rows = []
     for name in factories:
         isolate = args.isolate_stock and FACTORIES[name].stock
@@ -68,7 +71,7 @@ def run(args) -> int:
         if missing:
             summary = f"{missing[0].detail}; its checks did not run"
         else:
-            summary = f"{sum(r.passed for r in own)}/{len(checks)} checks pass"
+            summary = f"{sum(r.passed for r in own)}/{len(own)} checks pass"
         print(f"{name}: {summary}", file=sys.stderr)
     print(format_table(rows))
     failed = [row for row in rows if _fails_the_command(row, named)]

@@ -57,6 +57,36 @@ def validate_num_replicas(num_replicas) -> None:
         )
 
 
+def devices(count: int) -> list[str]:
+    """`count` local devices, named as `keras.distribution.DeviceMesh` takes them.
+
+    The GPUs when there are any, else logical CPU devices, as for
+    `kr.MultiDeviceReplicator(num_replicas=count)`: the host CPU (or each GPU) is
+    split when there are fewer, which only works before TensorFlow starts.
+
+    Args:
+        count: How many devices. A positive integer.
+
+    Raises:
+        TypeError: `count` is not an integer.
+        ValueError: `count` is not positive, or the devices cannot be made.
+
+    Example:
+    >>> import keras, keras_replicator as kr
+    >>> kr.devices(2)  # on a machine without GPUs
+    ['cpu:0', 'cpu:1']
+    >>> keras.distribution.DeviceMesh((2,), ["batch"], kr.devices(2)).shape
+    (2,)
+    """
+    if count is None:
+        raise TypeError(
+            "`count` must be a positive integer. Received: count=None. Pass how "
+            "many devices the mesh has, e.g. kr.devices(4)."
+        )
+    validate_num_replicas(count)
+    return [name.lstrip("/") for name in local_replica_devices(count)]
+
+
 def local_replica_devices(num_replicas: int | None = None) -> list[str]:
     """Device names for `num_replicas` local replicas.
 

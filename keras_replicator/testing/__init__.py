@@ -11,6 +11,7 @@ from keras_replicator.testing._factories import (
 )
 from keras_replicator.testing._suite import (
     CHECK_NAMES,
+    LAYOUT_CHECK_NAMES,
     Row,
     format_table,
     run_conformance,
@@ -18,6 +19,7 @@ from keras_replicator.testing._suite import (
 
 __all__ = [
     "CHECK_NAMES",
+    "LAYOUT_CHECK_NAMES",
     "FACTORIES",
     "Row",
     "StrategyFactory",

@@ -14,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-from keras_replicator.testing import _day_one_checks
+from keras_replicator.testing import _day_one_checks, _layout_checks
 from keras_replicator.testing import _workloads as w
 from keras_replicator.testing._harness import CheckFailure, compare_to_one_device
 
@@ -283,3 +283,4 @@ CHECKS = {
     ),
 }
 CHECKS.update(_day_one_checks.CHECKS)
+CHECKS.update(_layout_checks.CHECKS)

@@ -13,6 +13,7 @@ the CPU instead nor counted as passed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 
@@ -31,6 +32,9 @@ class StrategyFactory:
             together; each worker gets its share of them). `0` hides the GPUs so
             that the strategy runs on the CPU on every machine. `None` leaves the
             devices as TensorFlow finds them. Defaults to `None`.
+        layouts: Whether the strategy lays weights out over a mesh, so that
+            the layout checks (`LAYOUT_CHECK_NAMES`) run on it by default too.
+            Defaults to `False`.
     """
 
     name: str
@@ -39,6 +43,7 @@ class StrategyFactory:
     logical_cpus: int = 4
     stock: bool = False
     gpus: int | None = None
+    layouts: bool = False
 
 
 def _mirrored(count):
@@ -101,6 +106,24 @@ def _multi_worker_transport(transport):
     return build
 
 
+def _model_parallel(shape, fully_shard=False):
+    def build():
+        import keras
+
+        import keras_replicator as kr
+
+        axes = ["batch", "model"][: len(shape)]
+        devices = kr.devices(math.prod(shape))
+        mesh = keras.distribution.DeviceMesh(shape, axes, devices)
+        layout_map = keras.distribution.LayoutMap(mesh)
+        if "model" in axes:
+            # Every Dense kernel of the workloads split by its input rows.
+            layout_map[r".*dense(_\d+)?/kernel"] = ("model", None)
+        return kr.ModelParallelReplicator(layout_map, fully_shard=fully_shard)
+
+    return build
+
+
 # gpus=0: CPU factories, the same strategy on every machine (GPUs hidden).
 FACTORIES: dict[str, StrategyFactory] = {
     f.name: f
@@ -131,6 +154,15 @@ FACTORIES: dict[str, StrategyFactory] = {
             2,
             logical_cpus=1,
             gpus=0,
+        ),
+        StrategyFactory(
+            "model-parallel-2x2", _model_parallel((2, 2)), gpus=0, layouts=True
+        ),
+        StrategyFactory(
+            "fully-sharded-2",
+            _model_parallel((2,), fully_shard=True),
+            gpus=0,
+            layouts=True,
         ),
         # GPU factories: "not available" rows on a machine without enough GPUs.
         StrategyFactory("split-gpu-2", _split_gpu(2), gpus=1),

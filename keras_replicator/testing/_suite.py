@@ -46,6 +46,8 @@ CHECK_NAMES = (
     "gradient_clipping",
     "custom_train_step_average_loss",
 )
+#: Run by default on factories with `layouts=True`, after `CHECK_NAMES`.
+LAYOUT_CHECK_NAMES = ("layouts_split_weights",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +74,8 @@ def run_conformance(
 
     Args:
         factories: Factory names. Defaults to `None`: every registered factory.
-        checks: Check names. Defaults to `None`: all of `CHECK_NAMES`.
+        checks: Check names. Defaults to `None`: all of `CHECK_NAMES`, and
+            `LAYOUT_CHECK_NAMES` too on a factory with `layouts=True`.
         isolate: One process (group) per check instead of per factory: slower, but
             a failing check cannot disturb the next one. Defaults to `False`.
         timeout: Seconds allowed for one process group. Defaults to `600.0`.
@@ -90,20 +93,26 @@ def run_conformance(
     True
     """
     factory_names = list(factories or FACTORIES)
-    check_names = list(checks or CHECK_NAMES)
-    unknown = [c for c in check_names if c not in CHECK_NAMES]
+    known = CHECK_NAMES + LAYOUT_CHECK_NAMES
+    unknown = [c for c in checks or () if c not in known]
     if unknown:
         raise ValueError(
             f"Unknown conformance checks. Received: checks={unknown}. "
-            f"Known: {list(CHECK_NAMES)}."
+            f"Known: {list(known)}."
         )
     rows = []
     for name in factory_names:
         factory = get_factory(name)
+        check_names = list(checks or default_checks(factory))
         batches = [[c] for c in check_names] if isolate else [check_names]
         for batch in batches:
             rows += _run_batch(factory, batch, timeout, echo)
     return rows
+
+
+def default_checks(factory) -> tuple[str, ...]:
+    """The checks `run_conformance` runs on `factory` when none are named."""
+    return CHECK_NAMES + (LAYOUT_CHECK_NAMES if factory.layouts else ())
 
 
 def _run_batch(factory, check_names, timeout, echo):

@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from keras_replicator.testing import CHECK_NAMES, run_conformance
+from keras_replicator.testing import CHECK_NAMES, LAYOUT_CHECK_NAMES, run_conformance
 from keras_replicator.testing._factories import get_factory
 from keras_replicator.testing._worker import run_checks_here
 
@@ -107,3 +107,61 @@ def test_multi_worker_on_the_collectives_passes(check):
     """The default is the socket ring; TensorFlow's collectives must pass too."""
     row = _multi_worker_rows("multi-worker-2-collective")[check]
     assert row.passed, row.detail
+
+
+# The layout factories (issue 52): checks known to fail on DTensor's expansion,
+# with the symptom measured, stay visible as strict xfails (they fail the run
+# once they pass, so the list cannot go stale); docs/layouts.md lists them.
+_LAYOUT_GAPS = {
+    "string_dict_inputs": "string lookup and embedding: predictions differ "
+    "(1.2 on model-parallel, 0.047 fully sharded)",
+    "synchronized_batch_norm": "BatchNormalization(synchronized=True): 0.049 off",
+    "custom_train_step_loss": "a metric read in train_step after its update "
+    "returns the previous step's value (accuracy 0.05 off, weights equal)",
+}
+_LAYOUT_GAPS_BY_FACTORY = {
+    "model-parallel-2x2": {
+        **_LAYOUT_GAPS,
+        "mixed_bfloat16": "0.027 off against a 0.01 bound",
+        "adam_on_embeddings": "DTensor refuses the step: 'input and output "
+        "layout do not agree on non-axis dim 1'",
+    },
+    "fully-sharded-2": {
+        **_LAYOUT_GAPS,
+        "transformer_embeddings": "DTensor refuses the step: 'EmitAllScatter was "
+        "passed a desired_layout'",
+        "custom_train_step_average_loss": "weights 0.013 off",
+    },
+}
+# In the default run: the core fit / evaluate / predict / save path and the
+# layout check; the rest of the passing checks run in `make test-slow`.
+_LAYOUT_DEFAULT_RUN = ("fit_numpy", "evaluate", "predict", "save_load")
+
+
+def _layout_case(factory, check):
+    gaps = _LAYOUT_GAPS_BY_FACTORY[factory]
+    marks = []
+    if check in gaps:
+        marks.append(pytest.mark.xfail(reason=gaps[check], strict=True))
+    if check in gaps or check not in _LAYOUT_DEFAULT_RUN + LAYOUT_CHECK_NAMES:
+        marks.append(
+            pytest.mark.slow(
+                reason="covered in the default run by: the same factory's "
+                f"{', '.join(_LAYOUT_DEFAULT_RUN + LAYOUT_CHECK_NAMES)} and "
+                "tests/strategies/test_model_parallel.py"
+            )
+        )
+    return pytest.param(factory, check, id=f"{factory}-{check}", marks=marks)
+
+
+@pytest.mark.parametrize(
+    "factory, check",
+    [
+        _layout_case(factory, check)
+        for factory in _LAYOUT_GAPS_BY_FACTORY
+        for check in CHECK_NAMES + LAYOUT_CHECK_NAMES
+    ],
+)
+def test_layout_strategy_passes(factory, check):
+    [result] = run_checks_here(_Built(_strategy(factory)), [check])
+    assert result.passed, result.detail
