@@ -16,6 +16,37 @@ import pytest  # noqa: E402
 # names the default-run test that checks the same thing (issues 34, 50).
 
 
+# TensorFlow's DTensor (kr.ModelParallelReplicator) and tf.distribute's
+# collectives take collective group keys from the same space in one process:
+# after one has run, the other fails ("Device CPU:0 is joining a group that is
+# already full (group_key=1)") and every later collective in the process with it.
+# So the DTensor tests run in a pytest process of their own
+# (tests/test_dtensor_process.py starts it with this variable set), and only there.
+DTENSOR_PROCESS = "KR_DTENSOR_TEST_PROCESS"
+DTENSOR_PATHS = ("layouts", "strategies/test_model_parallel.py")
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def in_dtensor_process() -> bool:
+    return os.environ.get(DTENSOR_PROCESS) == "1"
+
+
+def pytest_ignore_collect(collection_path, config):
+    relative = os.path.relpath(str(collection_path), _TESTS)
+    dtensor = any(
+        relative == path or relative.startswith(path + os.sep) for path in DTENSOR_PATHS
+    )
+    if in_dtensor_process():
+        if relative in (".", "test_docstring_examples.py", "strategies"):
+            return None
+        if os.path.isdir(str(collection_path)) and any(
+            path.startswith(relative + os.sep) for path in DTENSOR_PATHS
+        ):
+            return None
+        return not dtensor
+    return True if dtensor else None
+
+
 def pytest_configure(config):
     import tensorflow as tf
 

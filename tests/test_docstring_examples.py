@@ -71,7 +71,22 @@ def _sources() -> dict[str, str]:
     }
 
 
-_WITH_EXAMPLES = sorted(name for name, text in _sources().items() if ">>>" in text)
+# Examples that run DTensor run in the DTensor test process only (tests/conftest.py
+# says why), and only they run there.
+DTENSOR_MODULES = {
+    "keras_replicator.layouts._batches",
+    "keras_replicator.layouts._mesh",
+    "keras_replicator.layouts._plan",
+    "keras_replicator.layouts._variables",
+    "keras_replicator.strategies.model_parallel",
+}
+_IN_DTENSOR_PROCESS = os.environ.get("KR_DTENSOR_TEST_PROCESS") == "1"
+_ALL_WITH_EXAMPLES = sorted(name for name, text in _sources().items() if ">>>" in text)
+_WITH_EXAMPLES = [
+    name
+    for name in _ALL_WITH_EXAMPLES
+    if (name in DTENSOR_MODULES) == _IN_DTENSOR_PROCESS
+]
 _CASES = [
     pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name
     for name in _WITH_EXAMPLES
@@ -80,11 +95,12 @@ _CASES = [
 
 def test_modules_with_examples_are_found():
     # Guards the discovery itself: an empty parametrization would pass silently.
-    assert len(_WITH_EXAMPLES) >= 75, _WITH_EXAMPLES
+    assert len(_ALL_WITH_EXAMPLES) >= 75, _ALL_WITH_EXAMPLES
+    assert DTENSOR_MODULES <= set(_ALL_WITH_EXAMPLES), DTENSOR_MODULES
 
 
 def test_listed_modules_exist():
-    assert set(SLOW) <= set(_WITH_EXAMPLES), SLOW
+    assert set(SLOW) <= set(_ALL_WITH_EXAMPLES), SLOW
 
 
 def test_every_skip_is_listed_with_a_reason():
