@@ -52,3 +52,32 @@ def __getattr__(name: str):
 
 def __dir__():
     return __all__
+
+
+# Subpackages whose classes Keras files name (`register_keras_serializable`).
+_SERIALIZABLE = ("layers", "optimizers", "pipeline", "schedules", "spatial")
+
+
+def _register_serializable_classes() -> None:
+    """Imports the subpackages whose classes `.keras` files name, when Keras is in.
+
+    `keras.models.load_model` finds a class such as `keras_replicator>LARS` only
+    once its module ran `register_keras_serializable`, and Keras imports a
+    module of its own only for "keras*" packages. With Keras already imported
+    (`import keras, keras_replicator as kr`) these imports add only our modules;
+    without it (the launcher's parent process) nothing is imported, so `import
+    keras_replicator` still starts no TensorFlow. A Keras outside the supported
+    range is reported when a strategy is built, not here.
+    """
+    import sys
+
+    if "keras" not in sys.modules:
+        return
+    try:
+        for name in _SERIALIZABLE:
+            importlib.import_module(f"keras_replicator.{name}")
+    except (ImportError, RuntimeError):
+        return
+
+
+_register_serializable_classes()
