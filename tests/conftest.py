@@ -32,19 +32,13 @@ def in_dtensor_process() -> bool:
 
 
 def pytest_ignore_collect(collection_path, config):
-    relative = os.path.relpath(str(collection_path), _TESTS)
-    dtensor = any(
-        relative == path or relative.startswith(path + os.sep) for path in DTENSOR_PATHS
-    )
+    # The DTensor process is given its paths (and those only) on its command line.
     if in_dtensor_process():
-        if relative in (".", "test_docstring_examples.py", "strategies"):
-            return None
-        if os.path.isdir(str(collection_path)) and any(
-            path.startswith(relative + os.sep) for path in DTENSOR_PATHS
-        ):
-            return None
-        return not dtensor
-    return True if dtensor else None
+        return None
+    relative = os.path.relpath(str(collection_path), _TESTS)
+    if any(relative == p or relative.startswith(p + os.sep) for p in DTENSOR_PATHS):
+        return True
+    return None
 
 
 def pytest_configure(config):

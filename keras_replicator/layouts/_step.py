@@ -32,26 +32,21 @@ import keras
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from keras_replicator.layouts._batches import batch_layout
 from keras_replicator.layouts._variables import dense_rows
 
 
 def split_by_batch_only(tree, mesh: dtensor.Mesh, batch_axis: str):
     """Every tensor of `tree` relaid out over `batch_axis` along its first dim.
 
-    Inside a traced step only (DTensor reads layouts eagerly only); a tensor
-    whose first dimension the axis does not divide is replicated.
+    Inside a traced step only (DTensor reads layouts eagerly only); laid out
+    as a batch is (`_batches.batch_layout`).
     """
 
     def relayout(tensor):
         if not isinstance(tensor, tf.Tensor) or tf.executing_eagerly():
             return tensor
-        rank = len(tensor.shape)
-        size = tensor.shape[0] if rank else None
-        if not rank or size is None or size % mesh.dim_size(batch_axis):
-            layout = dtensor.Layout.replicated(mesh, rank)
-        else:
-            layout = dtensor.Layout.batch_sharded(mesh, batch_axis, rank)
-        return dtensor.relayout(tensor, layout)
+        return dtensor.relayout(tensor, batch_layout(tensor, mesh, batch_axis))
 
     return tf.nest.map_structure(relayout, tree)
 

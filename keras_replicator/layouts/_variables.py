@@ -65,10 +65,6 @@ class LaidOutVariable(dtensor.DVariable):
     [0.0, 1.0, 2.0, 3.0]
     """
 
-    @property
-    def mesh_layout(self) -> dtensor.Layout:
-        return self.layout
-
     def numpy(self):
         return gathered(self.read_value()).numpy()
 
@@ -129,13 +125,11 @@ def dense_rows(sparse_delta, shape) -> tf.Tensor:
     return tf.convert_to_tensor(whole)
 
 
-def make_variable(kwargs, layout: dtensor.Layout) -> LaidOutVariable:
-    """A `LaidOutVariable` from `tf.Variable`'s keyword arguments, in `layout`."""
-    initial_value = kwargs.get("initial_value")
+def make_variable(value, kwargs, layout: dtensor.Layout) -> LaidOutVariable:
+    """A `LaidOutVariable` of the whole `value` in `layout`, with the other
+    keyword arguments `tf.Variable` was given."""
     with tf.init_scope():
-        if callable(initial_value):
-            initial_value = initial_value()
-        value = lay_out(initial_value, layout, kwargs.get("dtype"))
+        value = lay_out(value, layout, kwargs.get("dtype"))
     return LaidOutVariable(
         value,
         trainable=kwargs.get("trainable"),

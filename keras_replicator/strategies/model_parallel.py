@@ -142,19 +142,13 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
                 yield self
 
     def _create_on_mesh(self, next_creator, **kwargs):
-        name = kwargs.get("name") or "Variable"
-        path = _compat.keras_variable_path(name)
-        initial_value = kwargs.get("initial_value")
-        shape = kwargs.get("shape")
-        if callable(initial_value):
-            with tf.init_scope():
-                initial_value = tf.convert_to_tensor(
-                    initial_value(), dtype=kwargs.get("dtype")
-                )
-            kwargs["initial_value"] = initial_value
-        shape = tf.convert_to_tensor(initial_value).shape if shape is None else shape
-        layout = self._plan.layout_for(path, shape)
-        return make_variable(kwargs, layout)
+        path = _compat.keras_variable_path(kwargs.get("name") or "Variable")
+        value = kwargs.get("initial_value")
+        with tf.init_scope():
+            value = tf.convert_to_tensor(
+                value() if callable(value) else value, dtype=kwargs.get("dtype")
+            )
+        return make_variable(value, kwargs, self._plan.layout_for(path, value.shape))
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """Batches of `dataset` as DTensors split over the batch axis."""

@@ -14,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-from keras_replicator.testing import _day_one_checks, _layout_checks
+from keras_replicator.testing import _day_one_checks
 from keras_replicator.testing import _workloads as w
 from keras_replicator.testing._harness import CheckFailure, compare_to_one_device
 
@@ -246,6 +246,30 @@ def restore_other_replica_count(strategy):
     return worst, errors
 
 
+def layouts_split_weights(strategy):
+    """Some weight is split over a mesh (a device stores less than the whole
+    model) and the split model trains like one device. For strategies with a
+    `bytes_per_device(variables)` method (`kr.ModelParallelReplicator`); run by
+    default on factories registered with `layouts=True`."""
+    if not callable(getattr(strategy, "bytes_per_device", None)):
+        raise CheckFailure(
+            f"{type(strategy).__name__} has no `bytes_per_device(variables)`: it "
+            "lays out no weights"
+        )
+    with strategy.scope():
+        model = w.mlp()
+    per_device = strategy.bytes_per_device(model.weights)
+    whole = sum(np.asarray(v).nbytes for v in model.weights)
+    if max(per_device) >= whole:
+        raise CheckFailure(
+            f"no weight is split: a device stores {max(per_device)} of the "
+            f"{whole} bytes of weights"
+        )
+    worst, errors = compare_to_one_device(strategy, w.mlp, _fit(num_samples=1001))
+    errors["largest_device_share"] = max(per_device) / whole
+    return worst, errors
+
+
 CHECKS = {
     "fit_numpy": (fit_numpy, "fit from NumPy arrays"),
     "fit_dataset": (fit_dataset, "fit from a tf.data.Dataset"),
@@ -283,4 +307,7 @@ CHECKS = {
     ),
 }
 CHECKS.update(_day_one_checks.CHECKS)
-CHECKS.update(_layout_checks.CHECKS)
+CHECKS["layouts_split_weights"] = (
+    layouts_split_weights,
+    "weights split over the mesh, training like one device",
+)
