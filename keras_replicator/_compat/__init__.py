@@ -73,7 +73,11 @@ try:
     )
     from keras_replicator._compat._inventory import PATCHES, STAMPS
     from keras_replicator._compat.layers import register_batch_norm_moments_hook
-    from keras_replicator._compat.layouts import keras_variable_path
+    from keras_replicator._compat.layouts import (
+        DTENSOR_SETTINGS,
+        apply_dtensor_settings,
+        keras_variable_path,
+    )
     from keras_replicator._compat.optimizer import optimizer_variable_index
     from keras_replicator._compat.parameter_server import (
         closure_queue_state,
@@ -175,12 +179,14 @@ def check_upstream() -> dict[str, str]:
 
 
 __all__ = [
+    "DTENSOR_SETTINGS",
     "PATCHES",
     "STAMPS",
     "SUPPORTED_VERSIONS",
     "UPSTREAM_DIGESTS",
     "UnsupportedVersionError",
     "WORKER_FILES_DIGESTS",
+    "apply_dtensor_settings",
     "check_upstream",
     "check_versions",
     "closure_queue_state",

@@ -175,14 +175,18 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _kr_resume_at(self, epoch: int, batch: int) -> None:
         """Makes the first epoch (`epoch`) start at `batch`: a mid-epoch backup."""
-        state = replicator_state(self.model.distribute_strategy)
+        strategy = self.model.distribute_strategy
+        state = replicator_state(strategy)
         if state is None:
             warnings.warn(
                 f"The backup in {self.backup_dir!r} was made before batch {batch} "
                 f"of epoch {epoch} (a preemption or an integer `save_freq`); "
-                "resuming mid-epoch needs one of "
-                "keras_replicator's strategies, so this run restarts that epoch "
-                "from its first batch with the backed-up weights.",
+                "resuming mid-epoch needs one of keras_replicator's data-parallel "
+                "strategies (MultiDeviceReplicator, MultiWorkerReplicator, "
+                f"TPUReplicator), and the model's is {type(strategy).__name__}, "
+                "so this run restarts that epoch from its first batch with the "
+                "backed-up weights: its final weights differ from an "
+                "uninterrupted run's. Use `save_freq='epoch'` to resume exactly.",
                 stacklevel=3,
             )
             return

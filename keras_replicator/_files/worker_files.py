@@ -25,8 +25,10 @@ the user's path:
   same way, so a script that saves and then loads on every worker finds the
   file even when the workers do not share a disk (the copies are identical).
 
-This applies to models whose strategy is a multi-worker Replicator; stock
-strategies and one-process Replicators keep Keras' behaviour
+This applies to models whose strategy is a multi-worker Replicator or a
+`ModelParallelReplicator` whose mesh spans workers (its saves gather every
+weight from all workers: the same rule, chief = DTensor client 0); stock
+strategies and one-process strategies keep Keras' behaviour
 (`keras_replicator.callbacks.ModelCheckpoint` / `BackupAndRestore` use the same
 writes under every strategy). Remote paths (`gs://...`) are written directly by
 the chief: object stores publish an object only once its upload completes.
@@ -78,7 +80,8 @@ def is_chief(model) -> bool:
 
 
 def routes(model) -> bool:
-    """Whether `model`'s saves are routed here (a multi-worker Replicator's model).
+    """Whether `model`'s saves are routed here: its strategy is a multi-worker
+    Replicator, or a `ModelParallelReplicator` whose mesh spans workers.
 
     False inside a write already routed (`save_for_worker`), so the Keras call it
     makes runs as stock Keras would.
@@ -86,6 +89,8 @@ def routes(model) -> bool:
     if getattr(_state, "writing", False):
         return False
     strategy = getattr(model, "distribute_strategy", None)
+    if _roles.mesh_spans_workers(strategy):
+        return True
     return _compat.is_replicator(strategy) and _compat.in_multi_worker_mode(strategy)
 
 

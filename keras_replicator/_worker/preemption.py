@@ -44,11 +44,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import warnings
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
+from keras_replicator import _roles
 from keras_replicator._environment import PREEMPTED_FILE
 from keras_replicator._replicator_state import replicator_state
 
@@ -221,12 +223,35 @@ def agree(model, preemption: Preemption) -> LocalAgreement:
     """How the workers training `model` agree on a step to stop after.
 
     Between workers of a multi-worker Replicator while `preemption` listens, in
-    the training steps (`StepAgreement`); elsewhere each process for itself.
+    the training steps (`StepAgreement`); elsewhere each process for itself. On
+    a `ModelParallelReplicator`'s mesh over several workers there is no
+    agreement (its steps are DTensor programs, which carry no flag), and a
+    worker that stopped alone would leave the others waiting in their next
+    collective: `preemption` stops listening, with a warning.
     """
-    state = replicator_state(model.distribute_strategy)
+    strategy = model.distribute_strategy
+    if preemption.listening and _roles.mesh_spans_workers(strategy):
+        preemption.stop_listening()
+        warnings.warn(_no_mesh_agreement_message(preemption, strategy), stacklevel=3)
+        return LocalAgreement(preemption)
+    state = replicator_state(strategy)
     if preemption.listening and state is not None and state.is_multi_worker:
         return StepAgreement(preemption, model)
     return LocalAgreement(preemption)
+
+
+def _no_mesh_agreement_message(preemption: Preemption, strategy) -> str:
+    names = ", ".join(signal.Signals(n).name for n in preemption.signals)
+    return (
+        f"`preemption_signals` ({names}) cannot be honoured on a "
+        f"ModelParallelReplicator whose mesh spans {strategy.num_workers} "
+        "workers: its workers cannot agree on a step to stop after (DTensor's "
+        "steps carry no agreement), and one that stopped alone would leave the "
+        "others waiting in their next collective. This `fit` does not listen "
+        "for them: a signal has its usual effect, and a restart resumes from "
+        "the last backup. Received: a model under "
+        f"{strategy!r}. Pass `preemption_signals=()` to silence this warning."
+    )
 
 
 def step_agreement(model) -> StepAgreement | None:

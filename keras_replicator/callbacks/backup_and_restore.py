@@ -51,7 +51,9 @@ class BackupAndRestore(AtomicBackupAndRestore):
     - Preemption (docs/preemption.md): while `fit` runs, SIGTERM on any worker
       stops every worker after the same step, backs up there, and exits the
       process with 0; the next start resumes at the next batch (mid-epoch, under
-      keras_replicator's strategies), as if never stopped.
+      keras_replicator's strategies), as if never stopped. Not on a
+      `ModelParallelReplicator` whose mesh spans workers (they cannot agree on a
+      step): there it warns and does not listen.
 
     Args:
         backup_dir: Directory for the backup, on storage every worker can read.

@@ -171,8 +171,8 @@ class Throughput(keras.callbacks.Callback):
     def _check_balance(self, host_seconds):
         strategy = self.model.distribute_strategy
         workers = getattr(strategy, "num_workers", 1)
-        if workers < 2:
-            return None
+        if workers < 2 or _roles.mesh_spans_workers(strategy):
+            return None  # a mesh has no replica per worker to gather over
         if self._gather is None:
             self._gather = _gather_per_replica(strategy)
         per_replica = self._gather(host_seconds).tolist()

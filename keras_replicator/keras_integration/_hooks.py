@@ -222,18 +222,23 @@ class KerasHooks:
 
         Under our multi-worker strategies: the engine of `keras_replicator.
         callbacks.BackupAndRestore` (`_files/backup`: chief-only, atomic
-        commits) with the same arguments, one per Keras callback.
+        commits) with the same arguments, one per Keras callback. On a
+        `ModelParallelReplicator`'s mesh over several workers, without
+        preemption handling: its workers cannot agree on a step to stop after
+        (`_worker.preemption.agree`), and Keras' callback never promised it.
         """
         model = getattr(callback, "model", None)
         if model is None or not worker_files.routes(model):
             return None
         engine = _backup_engines.get(callback)
         if engine is None:
+            agrees = not _roles.mesh_spans_workers(model.distribute_strategy)
             engine = backup.AtomicBackupAndRestore(
                 callback.backup_dir,
                 save_freq=callback.save_freq,
                 double_checkpoint=callback.double_checkpoint,
                 delete_checkpoint=callback.delete_checkpoint,
+                **({} if agrees else {"preemption_signals": ()}),
             )
             _backup_engines[callback] = engine
         engine.set_model(model)

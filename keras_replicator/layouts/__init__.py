@@ -11,6 +11,9 @@ here only what TensorFlow and Keras lack, one concept per module:
 - `_mesh`: a `keras.distribution.DeviceMesh` as a DTensor mesh. Keras' own
   TensorFlow converter (`keras.src.backend.tensorflow.distribution_lib`) is
   marked "DO NOT USE" and its `distribute_value` is a TODO.
+- `_clients`: several worker processes as one mesh. DTensor's multi-client
+  mode finds its cluster only in its own `DTENSOR_*` variables; this reads the
+  `TF_CONFIG` that launchers set and starts the client from `kr.devices(n)`.
 - `_plan`: which DTensor layout each Keras variable gets: the `LayoutMap`'s
   (Keras' own `re.fullmatch` lookup), else the layout of the weight an optimizer
   slot belongs to, else replicated; axes the mesh lacks and keys that matched

@@ -12,10 +12,12 @@ def backend_mesh(device_mesh) -> dtensor.Mesh:
 
     Args:
         device_mesh: A `keras.distribution.DeviceMesh` whose devices are local
-            device names ("cpu:0", "/gpu:1", "/job:localhost/.../CPU:2").
+            device names ("cpu:0", "/gpu:1", "/job:localhost/.../CPU:2"), or, in
+            a multi-worker run, every worker's as `kr.devices(n)` names them.
 
     Raises:
-        ValueError: A device is not a local logical device of this process.
+        ValueError: A device is not a local logical device of this process, or
+            a multi-worker mesh does not list the workers' devices in order.
 
     Example:
     >>> import keras, keras_replicator as kr
@@ -25,6 +27,8 @@ def backend_mesh(device_mesh) -> dtensor.Mesh:
     2
     """
     names = [_full_name(str(device)) for device in np.ravel(device_mesh.devices)]
+    if dtensor.num_clients() > 1:
+        return _distributed_mesh(device_mesh, names)
     local = {_full_name(device.name) for device in tf.config.list_logical_devices()}
     missing = [name for name in names if name not in local]
     if missing:
@@ -36,6 +40,45 @@ def backend_mesh(device_mesh) -> dtensor.Mesh:
         )
     dims = list(zip(device_mesh.axis_names, device_mesh.shape))
     return dtensor.create_mesh(dims, devices=names)
+
+
+def _distributed_mesh(device_mesh, names: list[str]) -> dtensor.Mesh:
+    """The mesh of a multi-worker run: every worker's devices, this one's local.
+
+    DTensor numbers a worker's devices after the previous workers' (its
+    collectives find a device by that number), so the mesh must list them
+    worker by worker, as `kr.devices(n)` does.
+    """
+    expected = [_full_name(name) for name in _global_names(names)]
+    if names != expected:
+        raise ValueError(
+            "In a multi-worker run the `DeviceMesh` must hold every worker's "
+            "devices, worker by worker, as `kr.devices(n)` gives them. Received: "
+            f"devices={list(np.ravel(device_mesh.devices))}; expected {expected}. "
+            f"Build the mesh from `kr.devices({len(names)})`."
+        )
+    local_ids = [
+        index
+        for index, name in enumerate(names)
+        if name.startswith("/job:" + dtensor.full_job_name() + "/")
+    ]
+    return dtensor.Mesh(
+        dim_names=list(device_mesh.axis_names),
+        global_device_ids=np.arange(len(names)).reshape(device_mesh.shape),
+        local_device_ids=local_ids,
+        local_devices=[names[index] for index in local_ids],
+    )
+
+
+def _global_names(names: list[str]) -> list[str]:
+    count = dtensor.num_clients()
+    device_type = tf.DeviceSpec.from_string(names[0]).device_type or "CPU"
+    local = len(names) // count
+    return [
+        f"/job:{dtensor.job_name()}/replica:0/task:{task}/device:{device_type}:{i}"
+        for task in range(count)
+        for i in range(local)
+    ]
 
 
 def _full_name(device: str) -> str:

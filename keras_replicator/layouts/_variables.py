@@ -3,8 +3,8 @@
 Inside a step the variable is DTensor's own: its layout decides what each
 device stores and the SPMD expansion adds the collectives. In eager code it
 behaves like a whole variable, which is what Keras' saving, `get_weights`,
-`set_weights` and `load_weights` need: `numpy()` gathers the shards
-(a relayout to replicated), and `assign` of a whole value, from any file or
+`set_weights` and `load_weights` need: `numpy()` and every eager read gather
+the shards (a relayout to replicated), and `assign` of a whole value, from any file or
 model, cuts it into this variable's layout. That is how a `.keras` file saved on
 one mesh loads on one device or on another mesh shape.
 
@@ -67,6 +67,25 @@ class LaidOutVariable(dtensor.DVariable):
 
     def numpy(self):
         return gathered(self.read_value()).numpy()
+
+    def shards(self) -> list[tf.Tensor]:
+        """What each local device stores: the variable's shards, as they lie."""
+        return dtensor.unpack(super().read_value())
+
+    # An eager read is whole (gathered), so whatever eager code computes from
+    # it is whole too. Keras' saving does arithmetic on weights before reading
+    # them (a LoRA `EinsumDense` saves `kernel + lora_a @ lora_b`), and with
+    # several workers a split result cannot be read at all ("Trying to copy a
+    # non-single-device and non-replicated DTensor is not supported"). A read
+    # in a traced step keeps the variable's layout.
+    def value(self):
+        return self._whole_when_eager(super().value())
+
+    def read_value(self):
+        return self._whole_when_eager(super().read_value())
+
+    def _whole_when_eager(self, value):
+        return gathered(value) if tf.executing_eagerly() else value
 
     def __array__(self, dtype=None, copy=None):
         array = self.numpy()

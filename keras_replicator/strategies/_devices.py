@@ -32,6 +32,7 @@ import warnings
 import tensorflow as tf
 
 from keras_replicator import _environment
+from keras_replicator.layouts._clients import cluster_clients, start_clients
 
 GPU_MEMORY_ENV = _environment.GPU_MEMORY_MB
 # Used when neither the environment nor nvidia-smi gives a size (see above).
@@ -58,11 +59,18 @@ def validate_num_replicas(num_replicas) -> None:
 
 
 def devices(count: int) -> list[str]:
-    """`count` local devices, named as `keras.distribution.DeviceMesh` takes them.
+    """`count` devices, named as `keras.distribution.DeviceMesh` takes them.
 
     The GPUs when there are any, else logical CPU devices, as for
     `kr.MultiDeviceReplicator(num_replicas=count)`: the host CPU (or each GPU) is
     split when there are fewer, which only works before TensorFlow starts.
+
+    In a worker of a multi-worker run (a `TF_CONFIG` with two or more chief or
+    worker tasks, as `keras-replicator launch` sets, or DTensor's own
+    `DTENSOR_JOBS`), the devices are the whole cluster's: `count / workers` on
+    each worker, named globally (`/job:worker/replica:0/task:1/device:CPU:0`),
+    worker by worker. This call joins the workers (DTensor's multi-client mode,
+    `docs/layouts.md`), so it must come before any other TensorFlow call.
 
     Args:
         count: How many devices. A positive integer.
@@ -84,6 +92,10 @@ def devices(count: int) -> list[str]:
             "many devices the mesh has, e.g. kr.devices(4)."
         )
     validate_num_replicas(count)
+    clients = cluster_clients()
+    if clients is not None:
+        device_type = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+        return start_clients(clients, count, device_type)
     return [name.lstrip("/") for name in local_replica_devices(count)]
 
 

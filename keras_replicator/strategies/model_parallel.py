@@ -9,11 +9,16 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from keras_replicator import _compat
+from keras_replicator.keras_integration import _hooks
 from keras_replicator.layouts._batches import MeshBatches
 from keras_replicator.layouts._mesh import backend_mesh
 from keras_replicator.layouts._plan import LayoutPlan
 from keras_replicator.layouts._step import mesh_step
-from keras_replicator.layouts._variables import gathered, make_variable
+from keras_replicator.layouts._variables import (
+    LaidOutVariable,
+    gathered,
+    make_variable,
+)
 
 
 class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
@@ -30,8 +35,11 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
 
     To TensorFlow and Keras this is one replica (`num_replicas_in_sync == 1`): the
     mesh runs one global program, so Keras' loss and metrics need no cross-replica
-    step. Not supported yet: several workers, `distribute_datasets_from_function`,
-    sparse or ragged inputs, and `BackupAndRestore` (docs/layouts.md).
+    step. The mesh may span worker processes: in each worker of a
+    multi-worker run (`keras-replicator launch`), `kr.devices(n)` joins the
+    workers and names every worker's devices (docs/layouts.md, "Several
+    workers"). Not supported yet: `distribute_datasets_from_function` and
+    sparse or ragged inputs (docs/layouts.md).
 
     Args:
         layout_map: A `keras.distribution.LayoutMap` whose `device_mesh` holds
@@ -65,6 +73,7 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
     """
 
     def __init__(self, layout_map, *, batch_dim_name=None, fully_shard=False):
+        _hooks.install()  # Keras' saving on several workers (`worker_index`)
         if not isinstance(layout_map, keras.distribution.LayoutMap):
             raise TypeError(
                 "`layout_map` must be a `keras.distribution.LayoutMap`. Received: "
@@ -72,6 +81,7 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
                 "Build one on a `keras.distribution.DeviceMesh`, or take a "
                 "keras-hub backbone's `get_layout_map(mesh)`."
             )
+        _compat.apply_dtensor_settings()
         device_mesh = layout_map.device_mesh
         mesh = backend_mesh(device_mesh)
         if batch_dim_name is None:
@@ -103,13 +113,34 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
     def batch_dim_name(self) -> str:
         return self._batch_dim_name
 
+    @property
+    def worker_index(self) -> int:
+        """This worker's index: its DTensor client id (0 in one process).
+
+        Worker 0 is the chief: when every worker saves (`model.save`,
+        `save_weights`, Keras' `ModelCheckpoint` and `BackupAndRestore`, as a
+        save reads every weight whole from all workers), the chief's file is
+        published atomically and the others' go to scratch, as under
+        `MultiWorkerReplicator` (docs/layouts.md, "Several workers").
+        """
+        return dtensor.client_id()
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes the mesh spans: DTensor's clients (1 in one process)."""
+        return dtensor.num_clients()
+
     def layout_of(self, variable) -> dtensor.Layout:
         """The DTensor layout a Keras (or TF) variable made in `scope()` has."""
         value = getattr(variable, "value", variable)
+        if isinstance(value, dtensor.DVariable):
+            return value.layout
         return dtensor.fetch_layout(value)
 
     def bytes_per_device(self, variables) -> list[int]:
-        """Bytes each mesh device stores for `variables`, read from their shards.
+        """Bytes each local mesh device stores for `variables`, from their shards.
+
+        With several workers, this worker's devices only.
 
         Example:
         >>> import keras, keras_replicator as kr
@@ -127,7 +158,10 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
         totals = [0] * len(self._mesh.local_devices())
         for variable in variables:
             value = getattr(variable, "value", variable)
-            shards = dtensor.unpack(tf.convert_to_tensor(value))
+            if isinstance(value, LaidOutVariable):
+                shards = value.shards()
+            else:
+                shards = dtensor.unpack(tf.convert_to_tensor(value))
             for index, shard in enumerate(shards):
                 totals[index] += shard.shape.num_elements() * shard.dtype.size
         return totals

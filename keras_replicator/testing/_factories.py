@@ -164,6 +164,15 @@ FACTORIES: dict[str, StrategyFactory] = {
             gpus=0,
             layouts=True,
         ),
+        # One 2x2 mesh over 2 worker processes of 2 logical CPUs each.
+        StrategyFactory(
+            "model-parallel-2x2-2-workers",
+            _model_parallel((2, 2)),
+            2,
+            logical_cpus=2,
+            gpus=0,
+            layouts=True,
+        ),
         # GPU factories: "not available" rows on a machine without enough GPUs.
         StrategyFactory("split-gpu-2", _split_gpu(2), gpus=1),
         StrategyFactory("multi-gpu", _every_gpu, gpus=2),
