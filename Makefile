@@ -58,6 +58,7 @@ bench: install
 	$(PY) -m benchmarks.pipeline
 	$(PY) -m benchmarks.allreduce --fit
 	$(PY) -m benchmarks.async_ps
+	$(PY) -m benchmarks.layouts --json benchmarks/layouts.json --png benchmarks/layouts.png
 	$(PY) -m benchmarks.machines --fit --json benchmarks/machines.json --png benchmarks/machines.png  # needs root
 
 # The oldest and newest supported TensorFlow / Keras pairs (docs/compat.md), each
