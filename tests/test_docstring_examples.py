@@ -75,6 +75,7 @@ def _sources() -> dict[str, str]:
 # says why), and only they run there.
 DTENSOR_MODULES = {
     "keras_replicator.layouts._batches",
+    "keras_replicator.layouts._known_errors",
     "keras_replicator.layouts._mesh",
     "keras_replicator.layouts._plan",
     "keras_replicator.layouts._variables",

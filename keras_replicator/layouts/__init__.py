@@ -26,6 +26,9 @@ here only what TensorFlow and Keras lack, one concept per module:
   predictions split over the batch axis only before losses and metrics, and
   gradients laid out as their variables before the optimizer (two silent
   errors of the expansion, measured there).
+- `_known_errors`: model shapes DTensor trains wrong without an error and that
+  cannot be kept out from outside the layer (a row-split kernel right after a
+  `Concatenate`): found in a functional graph, and warned about.
 - `_batches`: the dataset's batches as DTensors split over the batch axis. A
   `dtensor.DTensorDataset` cannot stand in: it needs every batch full (Keras'
   last batch is not) and its iterator takes Keras' `tf.while_loop` path, whose

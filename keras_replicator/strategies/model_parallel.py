@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
+import weakref
 
 import keras
 import tensorflow as tf
@@ -11,6 +13,7 @@ from tensorflow.experimental import dtensor
 from keras_replicator import _compat
 from keras_replicator.keras_integration import _hooks
 from keras_replicator.layouts._batches import MeshBatches
+from keras_replicator.layouts._known_errors import rows_split_after_concatenation
 from keras_replicator.layouts._mesh import backend_mesh
 from keras_replicator.layouts._plan import LayoutPlan
 from keras_replicator.layouts._step import mesh_step
@@ -94,6 +97,7 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
             )
         self._mesh = mesh
         self._batch_dim_name = batch_dim_name
+        self._checked_models: weakref.WeakSet = weakref.WeakSet()
         if not isinstance(fully_shard, bool):
             raise TypeError(
                 "`fully_shard` must be True or False. Received: "
@@ -211,12 +215,30 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
     def run(self, fn, args=(), kwargs=None, options=None):
         """Runs `fn` once on the mesh; its outputs come back whole (replicated)."""
         model = getattr(fn, "__self__", None)
+        self._warn_once_about(model)
         with (
             dtensor.default_mesh(self._mesh),
             mesh_step(model, self._mesh, self._batch_dim_name),
         ):
             outputs = fn(*args, **(kwargs or {}))
         return tf.nest.map_structure(self._whole, outputs)
+
+    def _warn_once_about(self, model) -> None:
+        if not isinstance(model, keras.Model) or model in self._checked_models:
+            return
+        self._checked_models.add(model)
+        names = rows_split_after_concatenation(
+            model, self.layout_of, self._batch_dim_name
+        )
+        if names:
+            warnings.warn(
+                f"The kernels of {names} are split by their input rows over a "
+                "mesh axis, right after a `Concatenate`: DTensor trains such a "
+                "layer wrong without an error (docs/layouts.md, 'Where DTensor's "
+                "expansion is silently wrong'). Split these kernels by columns "
+                "(e.g. `(None, 'model')`) or keep them whole in the `LayoutMap`.",
+                stacklevel=3,
+            )
 
     def _whole(self, value):
         if isinstance(value, tf.Tensor) and (
