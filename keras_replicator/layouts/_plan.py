@@ -14,7 +14,7 @@ class LayoutPlan:
     lookup: the exact key, else the one key that `re.fullmatch`es); for an
     optimizer slot (`{weight path with "_"}_{slot}`, of the weight's shape), the
     weight's layout; else, with `fully_shard_axis`, split over that axis along
-    its first dimension the axis divides (ZeRO-3 / FSDP: a slot of such a
+    its last dimension the axis divides (ZeRO-3 / FSDP: a slot of such a
     weight gets the same split by the same rule); else replicated. A layout is
     never dropped: an axis the mesh lacks, a dimension the axis does not
     divide, or a rank that differs is a `ValueError` naming the variable.
@@ -67,13 +67,21 @@ class LayoutPlan:
         if slot_of is not None:
             return slot_of
         if self._fully_shard_axis is not None:
-            return self._split_first_divisible(shape, self._fully_shard_axis)
+            return self._split_last_divisible(shape, self._fully_shard_axis)
         return dtensor.Layout.replicated(self.mesh, len(shape))
 
-    def _split_first_divisible(self, shape: tuple, axis: str) -> dtensor.Layout:
+    def _split_last_divisible(self, shape: tuple, axis: str) -> dtensor.Layout:
+        # The last dimension: the tape's reduce-scatter leaves a Dense kernel's
+        # gradient split there ([in, out] -> [-, batch]), so the update needs no
+        # relayout. Against the first dimension (benchmarks.layouts, 2 rounds):
+        # the step 0.81x our data-parallel step instead of 1.00x, the
+        # allocator's peak per device 0.64x instead of 0.82x, and two more
+        # conformance checks pass (string_dict_inputs, transformer_embeddings);
+        # DTensor refuses synchronized_batch_norm instead.
         count = self.mesh.dim_size(axis)
         specs = [dtensor.UNSHARDED] * len(shape)
-        for index, size in enumerate(shape):
+        for index in reversed(range(len(shape))):
+            size = shape[index]
             if size and size % count == 0:
                 specs[index] = axis
                 break

@@ -50,7 +50,7 @@ class ModelParallelReplicator(tf.distribute.OneDeviceStrategy):
         batch_dim_name: The mesh axis the batch is split over. Defaults to
             `None`: the mesh's first axis, as `keras.distribution.ModelParallel`.
         fully_shard: Whether every variable the map leaves whole is split over
-            the batch axis too, along its first dimension the axis divides
+            the batch axis too, along its last dimension the axis divides
             (fully sharded data parallelism, ZeRO-3 / FSDP): each device keeps
             about 1/N of every weight and optimizer slot, and DTensor gathers a
             weight where a step uses it. With an empty `LayoutMap` on a

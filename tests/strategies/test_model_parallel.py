@@ -232,7 +232,7 @@ def test_fully_sharded_equals_one_device_and_keeps_about_half_per_device(
         v.path.split("/", 1)[1]: strategy.layout_of(v).sharding_specs
         for v in model.weights
     }
-    assert specs["hidden/kernel"] == ["batch", "unsharded"]
+    assert specs["hidden/kernel"] == ["unsharded", "batch"]  # the last dimension
     assert specs["logits/bias"] == ["batch"]
 
 
