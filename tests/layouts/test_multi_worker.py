@@ -23,6 +23,11 @@ from tests.layouts import _multi_worker_job  # noqa: E402
 from tests.layouts._causal_lm import fit_then_lora, max_gap, tokens  # noqa: E402
 from tests.strategies import test_model_parallel as mlp  # noqa: E402
 
+_FSDP_IN_ONE_PROCESS = (
+    "fully sharded runs by default in one process (test_model_parallel.py); the "
+    "2-worker mesh by default in the GPT-2 test above"
+)
+
 
 # Gemma's predictions, float32 inside, differ by up to 1.4e-6 (measured).
 @pytest.mark.parametrize(
@@ -71,8 +76,8 @@ def test_causal_lm_on_two_workers_equals_one_device(
 @pytest.mark.parametrize(
     "optimizer",
     [
-        pytest.param("momentum", marks=pytest.mark.slow(reason="Adam by default")),
-        "adam",
+        pytest.param(optimizer, marks=pytest.mark.slow(reason=_FSDP_IN_ONE_PROCESS))
+        for optimizer in ("momentum", "adam")
     ],
 )
 @pytest.mark.timeout(600)

@@ -135,6 +135,11 @@ _LAYOUT_GAPS_BY_FACTORY = {
 # In the default run: the core fit / evaluate / predict / save path and the
 # layout check; the rest of the passing checks run in `make test-slow`.
 _LAYOUT_DEFAULT_RUN = ("fit_numpy", "evaluate", "predict", "save_load")
+# Whole factories left to `make test-slow`, with what covers them by default.
+_LAYOUT_SLOW_FACTORIES = {
+    "model-parallel-2x2-2-workers": "the 2-worker mesh is in the default run in "
+    "tests/layouts/test_multi_worker.py (GPT-2 fit + LoRA)",
+}
 
 
 def _layout_case(factory, check):
@@ -142,7 +147,9 @@ def _layout_case(factory, check):
     marks = []
     if check in gaps:
         marks.append(pytest.mark.xfail(reason=gaps[check], strict=True))
-    if check in gaps or check not in _LAYOUT_DEFAULT_RUN + LAYOUT_CHECK_NAMES:
+    if factory in _LAYOUT_SLOW_FACTORIES:
+        marks.append(pytest.mark.slow(reason=_LAYOUT_SLOW_FACTORIES[factory]))
+    elif check in gaps or check not in _LAYOUT_DEFAULT_RUN + LAYOUT_CHECK_NAMES:
         marks.append(
             pytest.mark.slow(
                 reason="covered in the default run by: the same factory's "
