@@ -70,8 +70,11 @@ def checkpoints_on_two_workers(phase: str, root: str) -> dict:
         # worker saves, all to the same path.
         model.save(os.path.join(root, "saved", "model.keras"))
         result["predictions"] = mlp.predict(model)
+    # This worker's own scratch only: the other worker may still be writing
+    # into its own (the chief's listing once saw worker 1's mid-save).
+    own = f"kr-worker{strategy.worker_index}-scratch-"
     result["scratch_left"] = [
-        name for name in os.listdir(tempfile.gettempdir()) if "scratch" in name
+        name for name in os.listdir(tempfile.gettempdir()) if name.startswith(own)
     ]
     return result
 
