@@ -145,9 +145,21 @@ def start_clients(clients: Clients, count: int, device_type: str) -> list[str]:
     if not _started:
         _initialize(clients, local, device_type)
         _started["wanted"] = wanted
+    return global_device_names(clients.job, clients.count, local, device_type)
+
+
+def global_device_names(
+    job: str, workers: int, local: int, device_type: str
+) -> list[str]:
+    """Every worker's devices, worker by worker, as DTensor numbers them.
+
+    Example:
+    >>> global_device_names("worker", 2, 2, "CPU")[2]
+    '/job:worker/replica:0/task:1/device:CPU:0'
+    """
     return [
-        f"/job:{clients.job}/replica:0/task:{task}/device:{device_type}:{i}"
-        for task in range(clients.count)
+        f"/job:{job}/replica:0/task:{task}/device:{device_type}:{i}"
+        for task in range(workers)
         for i in range(local)
     ]
 

@@ -6,6 +6,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from keras_replicator.layouts._clients import global_device_names
+
 
 def backend_mesh(device_mesh) -> dtensor.Mesh:
     """The DTensor mesh over the same devices, axes and device order.
@@ -73,12 +75,9 @@ def _distributed_mesh(device_mesh, names: list[str]) -> dtensor.Mesh:
 def _global_names(names: list[str]) -> list[str]:
     count = dtensor.num_clients()
     device_type = tf.DeviceSpec.from_string(names[0]).device_type or "CPU"
-    local = len(names) // count
-    return [
-        f"/job:{dtensor.job_name()}/replica:0/task:{task}/device:{device_type}:{i}"
-        for task in range(count)
-        for i in range(local)
-    ]
+    return global_device_names(
+        dtensor.job_name(), count, len(names) // count, device_type
+    )
 
 
 def _full_name(device: str) -> str:

@@ -66,7 +66,7 @@ class LaidOutVariable(dtensor.DVariable):
     """
 
     def numpy(self):
-        return gathered(self.read_value()).numpy()
+        return self.read_value().numpy()  # an eager read is whole (below)
 
     def shards(self) -> list[tf.Tensor]:
         """What each local device stores: the variable's shards, as they lie."""

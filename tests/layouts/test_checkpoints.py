@@ -29,6 +29,7 @@ import pytest
 import tensorflow as tf
 
 import keras_replicator as kr
+from tests.strategies.test_model_parallel import megatron_layout_map
 
 TOLERANCE = 1e-10
 EXACT = 1e-12  # a restore copies values: only the predictions' rounding differs
@@ -59,16 +60,6 @@ class InterruptAfter(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 == self.epochs:
             raise Interrupted(f"stopped after epoch {epoch + 1}")
-
-
-def megatron_layout_map(shape=(2, 2)):
-    """Column-split first Dense, row-split second (Megatron's MLP)."""
-    mesh = keras.distribution.DeviceMesh(shape, ["batch", "model"], kr.devices(4))
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map[".*hidden/kernel"] = (None, "model")
-    layout_map[".*hidden/bias"] = ("model",)
-    layout_map[".*logits/kernel"] = ("model", None)
-    return layout_map
 
 
 def build(units=16):
